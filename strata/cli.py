@@ -1,0 +1,166 @@
+"""The `strata` command: `strata generate` (one shot) and `strata serve` (OpenAI HTTP)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+
+from strata.config import (
+    DEFAULT_KV_CHUNK,
+    DEFAULT_MEMORY_GUARD_MIB,
+    DEFAULT_PREFILL_CHUNK,
+    DTYPES,
+    KV_DTYPES,
+    WEIGHT_FORMATS,
+    EngineConfig,
+    parse_devices,
+)
+from strata.errors import ConfigError, StrataError
+
+MIB = 1 << 20
+
+
+def add_engine_args(p: argparse.ArgumentParser, default_batch: int = 0) -> None:
+    g = p.add_argument_group("engine")
+    g.add_argument("--model", "-m", default=None, help="a .gguf file or a Hugging Face directory (default: the embedded SmolLM2-135M-Instruct)")
+    g.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="compute dtype of the weights")
+    g.add_argument("--weights", choices=WEIGHT_FORMATS, default="auto", help="keep GGUF 4-bit blocks (native) or dequantise (dense)")
+    g.add_argument("--kv", choices=KV_DTYPES, default=None, help="K/V dtype (default: bf16, or f32 with --dtype float32)")
+    g.add_argument("--max-context", type=int, default=None, help="cells per conversation (default: the model's trained length)")
+    g.add_argument("--batch", "--slots", dest="batch", type=int, default=default_batch, help="batch slots besides the main session")
+    g.add_argument("--kv-chunk", type=int, default=DEFAULT_KV_CHUNK, help="cells per chunk")
+    g.add_argument("--kv-pool-tokens", type=int, default=None, help="one shared pool of N cells per layer for all lanes")
+    g.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK, help="prompt tokens read per step")
+    g.add_argument("--devices", type=parse_devices, default=("cpu",), help="comma-separated devices for a layer split, e.g. cpu,cpu")
+    g.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+    g.add_argument("--memory-guard-mib", type=int, default=DEFAULT_MEMORY_GUARD_MIB, help="refuse to start if less would stay available")
+    g.add_argument("--verbose", "-v", action="store_true", help="log engine decisions")
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(
+        model=args.model, dtype=args.dtype, weights=args.weights, kv=args.kv, max_context=args.max_context,
+        batch=args.batch, kv_chunk=args.kv_chunk, kv_pool_tokens=args.kv_pool_tokens,
+        prefill_chunk=args.prefill_chunk, devices=args.devices, threads=args.threads,
+        memory_guard_mib=args.memory_guard_mib,
+    )
+
+
+def _messages(args: argparse.Namespace) -> list[dict] | None:
+    if args.messages:
+        try:
+            with open(args.messages, encoding="utf-8") as f:
+                messages = json.load(f)
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"--messages {args.messages}: {exc}") from exc
+        if not isinstance(messages, list):
+            raise ConfigError(f"--messages {args.messages}: expected a JSON list of messages")
+        return messages
+    if args.raw:
+        return None
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+    return messages + [{"role": "user", "content": args.prompt}]
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from strata.engine.engine import Engine
+    from strata.sampling import SamplingParams
+
+    if not args.messages and args.prompt is None:
+        raise ConfigError("--prompt is required (or --messages FILE)")
+    if args.raw and args.prompt is None:
+        raise ConfigError("--raw needs --prompt")
+    params = SamplingParams(
+        max_tokens=args.max_new, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+        min_p=args.min_p, seed=args.seed, stop=tuple(args.stop or ()), ignore_eos=args.ignore_eos,
+    )
+    config = engine_config(args)
+    t0 = time.perf_counter()
+    engine = Engine(config, progress=sys.stderr.isatty())
+    load_s = time.perf_counter() - t0
+    messages = _messages(args)
+    prompt = args.prompt if messages is None else engine.tokenizer.encode_chat(messages)
+    request_id = engine.add_request(prompt, params)
+    num_prompt = len(engine.requests[request_id].prompt_ids)
+    text, tokens, final = [], [], None
+    while final is None:
+        for out in engine.step():
+            if out.error is not None:
+                raise out.error
+            tokens.extend(out.new_token_ids)
+            text.append(out.new_text)
+            if not args.json and out.new_text:
+                sys.stdout.write(out.new_text)
+                sys.stdout.flush()
+            if out.finished:
+                final = out
+    stats = engine.scheduler.stats()
+    kv_held = stats.num_chunks_held * stats.chunk_size * engine.kv.bytes_per_cell
+    t = final.timings
+    result = {
+        "text": "".join(text), "token_ids": tokens, "finish_reason": final.finish_reason,
+        "truncated": final.truncated, "prompt_tokens": num_prompt, "completion_tokens": len(tokens),
+        "ttft_ms": round(t.prompt_ms, 2), "prefill_tok_s": round(t.prompt_per_second, 2),
+        "decode_tok_s": round(t.predicted_per_second, 2), "kv_bytes_held": kv_held,
+        "load_s": round(load_s, 3), "timings": t.as_dict(),
+    }
+    if args.json:
+        print(json.dumps(result, ensure_ascii=False))
+    else:
+        sys.stdout.write("\n")
+        print(
+            f"[prompt {num_prompt} tok | TTFT {t.prompt_ms:.0f} ms | prefill {t.prompt_per_second:.1f} tok/s | "
+            f"decode {t.predicted_per_second:.1f} tok/s ({len(tokens)} tok) | K/V held {kv_held / MIB:.1f} MiB | "
+            f"{final.finish_reason}]",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="strata", description="LLM inference with one shared, chunked KV pool")
+    sub = p.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help="generate once from a prompt or a chat")
+    g.add_argument("--prompt", "-p", default=None, help="the user message (or the raw prompt with --raw)")
+    g.add_argument("--system", default=None, help="a system message")
+    g.add_argument("--messages", default=None, help="a JSON file holding a list of chat messages")
+    g.add_argument("--raw", action="store_true", help="use --prompt as-is, without the chat template")
+    g.add_argument("--max-new", type=int, default=256, help="new tokens at most")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--min-p", type=float, default=0.0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stop", action="append", help="a stop string (repeatable)")
+    g.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence")
+    g.add_argument("--json", action="store_true", help="print one JSON result instead of streaming text")
+    add_engine_args(g)
+    g.set_defaults(func=cmd_generate)
+    try:
+        from strata.server.cli import add_serve_parser
+    except ImportError:  # the server package is optional at this layer
+        add_serve_parser = None
+    if add_serve_parser is not None:
+        add_serve_parser(sub, add_engine_args)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
+                        format="strata: %(message)s")
+    try:
+        return args.func(args)
+    except StrataError as exc:
+        print(f"strata: error: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, ConfigError) else 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

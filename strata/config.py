@@ -1,0 +1,114 @@
+"""Every engine flag, validated in one place before anything is allocated.
+
+A bad value raises ConfigError whose message names the flag as a user types it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from strata.errors import ConfigError
+
+DTYPES = ("float32", "bfloat16")
+KV_DTYPES = ("f32", "f16", "bf16")
+DEFAULT_KV_CHUNK = 4096
+DEFAULT_PREFILL_CHUNK = 256
+DEFAULT_MEMORY_GUARD_MIB = 512
+WEIGHT_FORMATS = ("auto", "dense", "native")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What the engine was asked for. `max_context=None` means the model's trained length."""
+
+    model: str | None = None
+    dtype: str = "bfloat16"
+    kv: str | None = None  # None: the 16-bit twin of --dtype (f32 for float32)
+    weights: str = "auto"
+    max_context: int | None = None
+    batch: int = 0
+    kv_chunk: int = DEFAULT_KV_CHUNK
+    kv_pool_tokens: int | None = None
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK
+    devices: tuple[str, ...] = ("cpu",)
+    threads: int | None = None
+    memory_guard_mib: int = DEFAULT_MEMORY_GUARD_MIB
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+    @property
+    def num_lanes(self) -> int:
+        """The main session (lane 0) plus `--batch` slots."""
+        return 1 + self.batch
+
+    @property
+    def kv_dtype(self) -> str:
+        if self.kv is not None:
+            return self.kv
+        return "f32" if self.dtype == "float32" else "bf16"
+
+    @property
+    def is_pooled(self) -> bool:
+        return self.kv_pool_tokens is not None
+
+    def replace(self, **changes) -> EngineConfig:
+        return dataclasses.replace(self, **changes)
+
+
+def _positive_int(value, flag: str, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{flag} must be an integer, got {value!r}")
+    if value < minimum:
+        raise ConfigError(f"{flag} must be at least {minimum}, got {value}")
+
+
+def _choice(value, flag: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{flag} must be one of {', '.join(choices)}, got {value!r}")
+
+
+def validate(cfg: EngineConfig) -> None:
+    _choice(cfg.dtype, "--dtype", DTYPES)
+    if cfg.kv is not None:
+        _choice(cfg.kv, "--kv", KV_DTYPES)
+    _choice(cfg.weights, "--weights", WEIGHT_FORMATS)
+    if cfg.max_context is not None:
+        _positive_int(cfg.max_context, "--max-context", minimum=2)
+    _positive_int(cfg.batch, "--batch", minimum=0)
+    _positive_int(cfg.kv_chunk, "--kv-chunk")
+    _positive_int(cfg.prefill_chunk, "--prefill-chunk")
+    _positive_int(cfg.memory_guard_mib, "--memory-guard-mib", minimum=0)
+    if cfg.threads is not None:
+        _positive_int(cfg.threads, "--threads")
+    if not cfg.devices:
+        raise ConfigError("--devices must name at least one device, e.g. cpu or cuda:0")
+    for dev in cfg.devices:
+        if not isinstance(dev, str) or not (dev == "cpu" or dev.startswith("cuda") or dev == "mps"):
+            raise ConfigError(f"--devices: unknown device {dev!r} (use cpu, cuda or cuda:N)")
+    if cfg.kv_pool_tokens is not None:
+        _positive_int(cfg.kv_pool_tokens, "--kv-pool-tokens")
+        if cfg.max_context is not None:
+            check_pool_covers_context(cfg.kv_pool_tokens, cfg.max_context, cfg.kv_chunk)
+
+
+def chunks_for(num_cells: int, kv_chunk: int) -> int:
+    """How many chunks cover `num_cells` cells."""
+    return -(-num_cells // kv_chunk)
+
+
+def check_pool_covers_context(kv_pool_tokens: int, max_context: int, kv_chunk: int) -> None:
+    smallest = chunks_for(max_context, kv_chunk) * kv_chunk
+    if kv_pool_tokens // kv_chunk * kv_chunk < smallest:
+        raise ConfigError(
+            f"--kv-pool-tokens {kv_pool_tokens} cannot hold one --max-context {max_context} "
+            f"conversation in chunks of --kv-chunk {kv_chunk}: the smallest valid value is {smallest}"
+        )
+
+
+def parse_devices(text: str) -> tuple[str, ...]:
+    devices = tuple(d.strip() for d in text.split(",") if d.strip())
+    if not devices:
+        raise ConfigError(f"--devices must name at least one device, got {text!r}")
+    return devices

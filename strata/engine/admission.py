@@ -1,0 +1,121 @@
+"""Admission planning: which lane a new request takes, what K/V it reuses, who gives way.
+
+Pure planning over the scheduler's state (nothing is changed here), so a request
+that is refused leaves no trace.
+
+Rules (DESIGN.md, "Behaviour users rely on"):
+- a follow-up that extends an idle conversation takes it over whole, in its own lane
+  when it sits in one;
+- a branch (a prompt sharing only part of a conversation) forks the shared prefix and
+  leaves the original cached;
+- a new conversation takes an empty lane before it displaces anyone's idle one; among
+  idle lanes, the least recently used;
+- when the pool lacks room, idle conversations give way least recently used first, and
+  only when the ones chosen together cover the need.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from strata.engine.cache import ConversationCache
+from strata.engine.conversation import Conversation, Lane
+from strata.kv.layout import KVLayout
+from strata.kv.table import chunks_for
+
+
+class Reuse(Enum):
+    NONE = "none"  # a new conversation
+    EXTEND = "extend"  # take the cached conversation over (truncated to the shared prefix)
+    FORK = "fork"  # a new conversation starting with a copy/share of the shared prefix
+
+
+@dataclass(frozen=True)
+class AdmissionPlan:
+    lane: int
+    reuse: Reuse
+    source: Conversation | None
+    num_cached: int
+    num_chunks_needed: int
+    victims: tuple[Conversation, ...]  # idle conversations evicted to make room
+
+
+@dataclass(frozen=True)
+class NoRoom:
+    num_chunks_needed: int
+    num_chunks_free: int  # free now plus what every idle conversation could give
+
+
+def pick_lane(lanes: list[Lane]) -> Lane | None:
+    """An empty lane (lowest index) first, else the idle lane used least recently."""
+    for lane in lanes:
+        if lane.is_empty:
+            return lane
+    idle = [lane for lane in lanes if lane.is_idle]
+    return min(idle, key=lambda lane: lane.conv.last_used) if idle else None
+
+
+def choose_victims(
+    cache: ConversationCache, layout: KVLayout, num_chunks: int, protect: tuple[Conversation, ...] = ()
+) -> tuple[Conversation, ...] | None:
+    """The least recently used idle conversations that together free `num_chunks`, or None."""
+    if num_chunks <= 0:
+        return ()
+    chosen: list[Conversation] = []
+    for conv in cache.idle_lru(exclude=protect):
+        chosen.append(conv)
+        if layout.num_freed_by_release(c.table for c in chosen) >= num_chunks:
+            return tuple(chosen)
+    return None
+
+
+def plan_admission(
+    prompt_ids: list[int], lanes: list[Lane], cache: ConversationCache, layout: KVLayout
+) -> AdmissionPlan | NoRoom | None:
+    """None when no lane is free (the request waits)."""
+    num_prompt = len(prompt_ids)
+    source, num_shared = cache.longest_prefix(prompt_ids)
+    num_shared = min(num_shared, num_prompt - 1)  # at least one token is fed to get logits
+    if source is None or num_shared == 0:
+        source, reuse = None, Reuse.NONE
+    elif not source.is_active and num_shared == source.num_cells:
+        reuse = Reuse.EXTEND
+    else:
+        reuse = Reuse.FORK
+
+    if reuse is Reuse.EXTEND and source.lane is not None:
+        lane = lanes[source.lane]
+    else:
+        lane = pick_lane(lanes)
+        if lane is None:
+            return None
+        if reuse is Reuse.FORK and lane.conv is source and not layout.is_pooled:
+            reuse = Reuse.EXTEND  # a reserved lane cannot fork into itself: branch in place
+
+    c = layout.chunk_size
+    held = 0
+    if reuse is Reuse.EXTEND:
+        held = len(source.table.chunk_ids) if layout.is_pooled else 0
+        need = layout.num_chunks_to_truncate(source.table, num_shared) if num_shared < source.num_cells else 0
+    elif reuse is Reuse.FORK:
+        held = chunks_for(num_shared, c)
+        need = layout.num_chunks_to_fork(num_shared)
+    else:
+        need = 0
+    if layout.is_pooled:
+        need += max(0, chunks_for(num_prompt, c) - held)
+
+    protect = (source,) if source is not None else ()
+    victims = choose_victims(cache, layout, need - layout.pool.num_free, protect)
+    if victims is None:
+        everyone = layout.num_freed_by_release(v.table for v in cache.idle_lru(exclude=protect))
+        return NoRoom(need, layout.pool.num_free + everyone)
+    return AdmissionPlan(
+        lane=lane.index,
+        reuse=reuse,
+        source=source,
+        num_cached=num_shared if reuse is not Reuse.NONE else 0,
+        num_chunks_needed=need,
+        victims=victims,
+    )

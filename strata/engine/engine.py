@@ -1,0 +1,203 @@
+"""The engine: loads a model, owns lanes, the KV layout, the scheduler and the runner.
+
+`add_request` validates at the edge; `step` runs one scheduled batch and returns what
+happened to each request. The server drives `step` from its own thread; the offline
+API drives it until every request is done.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import statistics
+import time
+from collections import deque
+from collections.abc import Sequence
+
+import torch
+
+from strata.config import EngineConfig, check_pool_covers_context
+from strata.detok import IncrementalDetokenizer
+from strata.engine.memory import MemoryPlan, check_memory
+from strata.engine.plan import StepPlan
+from strata.engine.request import RequestOutput, RequestState
+from strata.engine.scheduler import Scheduler
+from strata.errors import ContextLengthExceeded, PoolFullError, RequestError
+from strata.kv.layout import KVLayout, PooledLayout
+from strata.kv.reserve import ReservedLayout
+from strata.kv.storage import KV_TORCH_DTYPES, KVStorage
+from strata.loader import ModelSource, open_model
+from strata.models.build import TORCH_DTYPES, build_model
+from strata.models.config import ModelConfig
+from strata.runner.runner import ModelRunner
+from strata.sampler import make_generator
+from strata.sampling import SamplingParams
+
+log = logging.getLogger("strata")
+
+
+def num_weight_params(cfg: ModelConfig) -> int:
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    per_layer = cfg.hidden_size * (q + 2 * kv) + q * cfg.hidden_size + 3 * cfg.hidden_size * cfg.intermediate_size
+    embed = cfg.vocab_size * cfg.hidden_size
+    return embed * (1 if cfg.tie_embeddings else 2) + cfg.num_layers * per_layer
+
+
+def make_layout(config: EngineConfig, max_context: int) -> KVLayout:
+    if config.kv_pool_tokens is not None:
+        check_pool_covers_context(config.kv_pool_tokens, max_context, config.kv_chunk)
+        return PooledLayout(config.kv_pool_tokens // config.kv_chunk, config.kv_chunk)
+    return ReservedLayout(config.num_lanes, max_context, config.kv_chunk)
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, source: ModelSource | None = None, progress: bool = True):
+        self.config = config
+        if config.threads is not None:
+            torch.set_num_threads(config.threads)
+        source = source if source is not None else open_model(config.model)
+        self.model_config = cfg = source.config
+        self.tokenizer = source.tokenizer
+        self.fingerprint = source.fingerprint
+        self.max_context = config.max_context or cfg.max_position
+        if self.max_context > cfg.max_position:
+            log.warning(
+                "--max-context %d is beyond the model's trained length %d: quality may drop",
+                self.max_context, cfg.max_position,
+            )
+        self.layout = make_layout(config, self.max_context)
+        pool = self.layout.pool
+        kv_elem = torch.empty(0, dtype=KV_TORCH_DTYPES[config.kv_dtype]).element_size()
+        kv_bytes = pool.num_cells_total * 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * kv_elem
+        weight_elem = torch.empty(0, dtype=TORCH_DTYPES[config.dtype]).element_size()
+        check_memory(
+            MemoryPlan(num_weight_params(cfg) * weight_elem, kv_bytes), config.memory_guard_mib, config.is_pooled
+        )
+        self.model = build_model(source, config.dtype, config.devices, self.max_context, progress)
+        self.kv = KVStorage(
+            pool.num_total, pool.chunk_size, cfg.num_kv_heads, cfg.head_dim, config.kv_dtype, self.model.layer_devices
+        )
+        self.runner = ModelRunner(self.model, self.kv)
+        self.scheduler = Scheduler(self.layout, config.num_lanes, self.max_context, config.prefill_chunk)
+        self.stop_token_ids = frozenset(cfg.eos_token_ids) | frozenset(self.tokenizer.eos_token_ids)
+        self.requests: dict[str, RequestState] = {}
+        self._ids = itertools.count()
+        self._step_seconds: deque[float] = deque(maxlen=32)
+        self.num_bytes_copied = 0
+
+    # ---- requests ---------------------------------------------------------------------
+    def add_request(
+        self, prompt: str | Sequence[int], params: SamplingParams, request_id: str | None = None
+    ) -> str:
+        """Queue a request; raises RequestError (empty, or longer than --max-context)."""
+        prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if not prompt_ids:
+            raise RequestError("the prompt is empty", param="prompt")
+        if len(prompt_ids) >= self.max_context:
+            raise ContextLengthExceeded(len(prompt_ids), self.max_context)
+        vocab = self.model_config.vocab_size
+        if any(not (0 <= t < vocab) for t in prompt_ids):
+            raise RequestError(f"prompt token ids must be in [0, {vocab})", param="prompt")
+        request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if request_id in self.requests:
+            raise RequestError(f"request id {request_id!r} is already in use")
+        device = self.model.layer_devices[-1]
+        stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.stop_token_ids)
+        self.requests[request_id] = RequestState(
+            request_id,
+            prompt_ids,
+            params,
+            make_generator(params.seed, device),
+            IncrementalDetokenizer(self.tokenizer, params.stop),
+            stop_ids,
+        )
+        self.scheduler.add(request_id, prompt_ids)
+        return request_id
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Cancel a request; its chunks go back to the pool."""
+        state = self.requests.pop(request_id, None)
+        if state is None:
+            return None
+        self.scheduler.abort(request_id)
+        return state.end("abort")
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work
+
+    # ---- one step -----------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        t0 = time.perf_counter()
+        plan = self.scheduler.schedule()
+        outputs = self._settle_admissions(plan)
+        params = {w.request_id: self.requests[w.request_id].params for w in plan.work}
+        generators = {w.request_id: self.requests[w.request_id].generator for w in plan.work}
+        result = self.runner.execute(plan, params, generators)
+        self.num_bytes_copied += result.num_bytes_copied
+        for s in result.sampled:
+            state = self.requests[s.request_id]
+            can_continue = self.scheduler.on_sampled(s.request_id, s.token_id)
+            out = state.on_token(s.token_id, s.logprobs, can_continue)
+            if out.finished:
+                self.scheduler.finish(s.request_id)
+                del self.requests[s.request_id]
+            outputs.append(out)
+        if plan.work:
+            self._step_seconds.append(time.perf_counter() - t0)
+        return outputs
+
+    def _settle_admissions(self, plan: StepPlan) -> list[RequestOutput]:
+        now = time.perf_counter()
+        outputs = []
+        for a in plan.admitted:
+            state = self.requests[a.request_id]
+            state.admitted, state.num_cached = now, a.num_cached
+        for r in plan.refused:
+            state = self.requests.pop(r.request_id)
+            err = PoolFullError(r.num_chunks_needed, r.num_chunks_free, self.retry_after())
+            outputs.append(state.end("error", error=err))
+        for request_id in plan.truncated:
+            outputs.append(self.requests.pop(request_id).end("length", truncated=True))
+        return outputs
+
+    def retry_after(self) -> int:
+        """Seconds until a lane is likely to free room: the shortest remaining run, at the recent step rate."""
+        step = statistics.median(self._step_seconds) if self._step_seconds else 0.05
+        left = [
+            (s.params.max_tokens or self.max_context) - len(s.output_ids)
+            for s in self.requests.values()
+            if s.admitted is not None
+        ]
+        return max(1, min(60, math.ceil(step * min(left, default=1))))
+
+    # ---- offline helpers ----------------------------------------------------------------
+    def run_until_done(self) -> list[RequestOutput]:
+        outputs = []
+        while self.has_work:
+            outputs.extend(self.step())
+        return outputs
+
+    @torch.inference_mode()
+    def prompt_logits(self, prompt_ids: Sequence[int]) -> torch.Tensor:
+        """Float32 logits [tokens, vocab] for every prompt position (tests use it).
+
+        Runs on an idle engine; clears the conversation cache first so nothing is reused,
+        and frees its own K/V at the end.
+        """
+        assert not self.scheduler.seqs, "prompt_logits runs on an idle engine"
+        self.scheduler.clear_cache()
+        request_id = f"logits-{next(self._ids)}"
+        if len(prompt_ids) >= self.max_context:
+            raise ContextLengthExceeded(len(prompt_ids), self.max_context)
+        self.scheduler.add(request_id, list(prompt_ids))
+        rows = []
+        while self.scheduler.seqs.get(request_id) is None or self.scheduler.seqs[request_id].is_prefilling:
+            plan = self.scheduler.schedule()
+            if plan.refused:
+                raise PoolFullError(plan.refused[0].num_chunks_needed, plan.refused[0].num_chunks_free, 1)
+            self.kv.copy_cells(plan.copies)
+            rows.append(self.runner.logits_for(plan.work))
+        self.scheduler.abort(request_id)
+        return torch.cat(rows)

@@ -1,0 +1,288 @@
+"""The scheduler: admission, lanes, growth, eviction and truncation. Imports no torch.
+
+Every step it (1) admits waiting requests into free lanes (or refuses one the pool
+cannot hold), (2) grows the tables of decoding lanes by one cell, making room in the
+order DESIGN.md gives (idle conversations give way LRU first; then the youngest lane
+that cannot grow ends, truncated), and (3) lists the tokens each lane feeds: one per
+decoding lane, and prompt pieces of at most `prefill_chunk` tokens in all, so long
+prompts are read between decode steps.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from strata.engine.admission import AdmissionPlan, NoRoom, Reuse, choose_victims, plan_admission
+from strata.engine.cache import ConversationCache
+from strata.engine.conversation import Conversation, Lane, Sequence
+from strata.engine.plan import Admission, LaneWork, PoolCounters, Refusal, StepPlan
+from strata.kv.layout import KVLayout
+from strata.kv.table import CellCopy, is_writable
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    num_chunks_total: int
+    num_chunks_held: int
+    num_chunks_free: int
+    num_chunks_parked: int  # held only by idle conversations
+    num_conversations_parked: int
+    chunks_per_lane: tuple[int, ...]
+    chunk_size: int
+
+
+class Scheduler:
+    def __init__(self, layout: KVLayout, num_lanes: int, max_context: int, prefill_chunk: int):
+        self.layout = layout
+        self.lanes = [Lane(i) for i in range(num_lanes)]
+        self.cache = ConversationCache()
+        self.max_context = max_context
+        self.prefill_chunk = prefill_chunk
+        self.counters = PoolCounters()
+        self.waiting: deque[tuple[str, list[int]]] = deque()
+        self.seqs: dict[str, Sequence] = {}
+        self._num_admitted = 0
+
+    # ---- requests in and out -------------------------------------------------------
+    def add(self, request_id: str, prompt_ids: list[int]) -> None:
+        assert 0 < len(prompt_ids) < self.max_context, "the engine validates prompt length"
+        self.waiting.append((request_id, list(prompt_ids)))
+
+    def on_sampled(self, request_id: str, token_id: int) -> bool:
+        """Record a sampled token; False when the context is full and it cannot be fed."""
+        seq = self.seqs[request_id]
+        seq.pending = token_id
+        seq.num_output += 1
+        return seq.conv.num_cells + 1 <= self.max_context
+
+    def finish(self, request_id: str) -> None:
+        """The request is done: its conversation stays cached, idle in its lane."""
+        seq = self.seqs.pop(request_id)
+        self.lanes[seq.lane].seq = None
+        seq.conv.is_active = False
+        self.cache.touch(seq.conv)
+
+    def abort(self, request_id: str) -> bool:
+        """Cancel a waiting or running request; a running one gives its chunks back."""
+        for item in self.waiting:
+            if item[0] == request_id:
+                self.waiting.remove(item)
+                return True
+        seq = self.seqs.pop(request_id, None)
+        if seq is None:
+            return False
+        self.lanes[seq.lane].seq = None
+        self._drop(seq.conv)
+        return True
+
+    # ---- one step -------------------------------------------------------------------
+    def schedule(self) -> StepPlan:
+        copies: list[CellCopy] = []
+        admitted: list[Admission] = []
+        refused: list[Refusal] = []
+        while self.waiting:
+            request_id, prompt_ids = self.waiting[0]
+            plan = plan_admission(prompt_ids, self.lanes, self.cache, self.layout)
+            if plan is None:
+                break  # every lane is busy: wait
+            self.waiting.popleft()
+            if isinstance(plan, NoRoom):
+                self.counters.num_refusals += 1
+                refused.append(Refusal(request_id, plan.num_chunks_needed, plan.num_chunks_free))
+                continue
+            copies += self._admit(request_id, prompt_ids, plan)
+            admitted.append(Admission(request_id, plan.lane, plan.num_cached))
+        truncated = self._grow_decoding()
+        return StepPlan(tuple(copies), self._build_work(), tuple(admitted), tuple(refused), truncated)
+
+    def _admit(self, request_id: str, prompt_ids: list[int], plan: AdmissionPlan) -> list[CellCopy]:
+        self._evict(plan.victims)
+        lane = self.lanes[plan.lane]
+        source = plan.source
+        if lane.conv is not None and not (plan.reuse is Reuse.EXTEND and lane.conv is source):
+            self._displace(lane)  # a fork from the lane's own conversation parks the original
+        copies: list[CellCopy] = []
+        if plan.reuse is Reuse.EXTEND:
+            conv = source
+            if conv.lane != lane.index:
+                copies += self._place(conv, lane.index)
+            if plan.num_cached < conv.num_cells:
+                copies += self.layout.truncate(conv.table, plan.num_cached)
+                conv.cut(plan.num_cached)
+        elif plan.reuse is Reuse.FORK:
+            table, fork_copies = self.layout.fork(source.table, plan.num_cached, lane.index)
+            copies += fork_copies
+            conv = Conversation(self.cache.new_id(), table, source.token_ids[: plan.num_cached])
+            conv.checkpoints = [c for c in source.checkpoints if c <= plan.num_cached]
+            self.cache.add(conv)
+        else:
+            conv = Conversation(self.cache.new_id(), self.layout.new_table(lane.index))
+            self.cache.add(conv)
+        self.counters.num_cells_copied += sum(c.num_cells for c in copies)
+        self.layout.grow(conv.table, len(prompt_ids))
+        conv.lane, conv.is_active = lane.index, True
+        conv.add_checkpoint(plan.num_cached)
+        self.cache.touch(conv)
+        lane.conv = conv
+        self._num_admitted += 1
+        seq = Sequence(request_id, prompt_ids, self._num_admitted, lane.index, conv, plan.num_cached)
+        lane.seq = seq
+        self.seqs[request_id] = seq
+        self.counters.num_cached_tokens += plan.num_cached
+        return copies
+
+    def _grow_decoding(self) -> tuple[str, ...]:
+        """Room for one more cell in every decoding lane; ends the youngest that cannot grow."""
+        needs = {
+            seq: self.layout.num_chunks_to_grow(seq.conv.table, seq.conv.num_cells + 1)
+            for seq in self.seqs.values()
+            if seq.pending is not None
+        }
+        truncated: list[str] = []
+        while (deficit := sum(needs.values()) - self.layout.pool.num_free) > 0:
+            victims = choose_victims(self.cache, self.layout, deficit)
+            if victims is not None:
+                self._evict(victims)
+                break
+            youngest = max((s for s, n in needs.items() if n > 0), key=lambda s: s.order)
+            del needs[youngest]
+            del self.seqs[youngest.request_id]
+            self.lanes[youngest.lane].seq = None
+            self._drop(youngest.conv)
+            self.counters.num_truncations += 1
+            truncated.append(youngest.request_id)
+        for seq in sorted(needs, key=lambda s: s.order):
+            self.layout.grow(seq.conv.table, seq.conv.num_cells + 1)
+        return tuple(truncated)
+
+    def _build_work(self) -> tuple[LaneWork, ...]:
+        work = []
+        budget = self.prefill_chunk
+        for seq in sorted(self.seqs.values(), key=lambda s: s.order):
+            conv = seq.conv
+            start = conv.num_cells
+            if seq.is_prefilling:
+                n = min(seq.num_prompt_left, budget)
+                if n == 0:
+                    continue
+                budget -= n
+                tokens = seq.prompt_ids[start : start + n]
+                do_sample = start + n == len(seq.prompt_ids)
+            elif seq.pending is not None:
+                tokens, seq.pending, do_sample = [seq.pending], None, True
+            else:
+                continue
+            conv.token_ids.extend(tokens)
+            conv.table.num_cells = start + len(tokens)
+            work.append(
+                LaneWork(seq.lane, seq.request_id, tuple(tokens), start, tuple(conv.table.chunk_ids), do_sample)
+            )
+        return tuple(work)
+
+    # ---- conversations between lanes ---------------------------------------------------
+    def move(self, src_lane: int, dst_lane: int) -> list[CellCopy]:
+        """Move the idle conversation of `src_lane` to `dst_lane` (swap, or copy when reserved)."""
+        src, dst = self.lanes[src_lane], self.lanes[dst_lane]
+        if not src.is_idle:
+            raise ValueError(f"lane {src_lane} holds no idle conversation")
+        if dst.is_busy:
+            raise ValueError(f"lane {dst_lane} is busy")
+        if dst.conv is not None:
+            self._displace(dst)
+        copies = self._place(src.conv, dst_lane)
+        self.counters.num_cells_copied += sum(c.num_cells for c in copies)
+        return copies
+
+    def park(self, lane_index: int) -> None:
+        """Take the idle conversation out of its lane, keeping its K/V in the pool."""
+        lane = self.lanes[lane_index]
+        if not lane.is_idle:
+            raise ValueError(f"lane {lane_index} holds no idle conversation")
+        self._displace(lane)
+
+    def _place(self, conv: Conversation, dst_lane: int) -> list[CellCopy]:
+        """Put `conv` in the empty lane `dst_lane`, from its own lane or from the pool."""
+        table, copies = self.layout.move(conv.table, dst_lane)
+        if conv.lane is not None:
+            if conv.lane != dst_lane:
+                if self.layout.is_pooled:
+                    self.counters.num_moves_swap += 1
+                else:
+                    self.counters.num_moves_copy += 1
+            self.lanes[conv.lane].conv = None
+        conv.table, conv.lane = table, dst_lane
+        self.lanes[dst_lane].conv = conv
+        return copies
+
+    def _displace(self, lane: Lane) -> None:
+        """An idle conversation leaves its lane: parked in the pool, or evicted when reserved."""
+        conv = lane.conv
+        assert conv is not None and not conv.is_active
+        if self.layout.is_pooled:
+            lane.conv, conv.lane = None, None
+        else:
+            self._evict((conv,))
+
+    def _evict(self, victims: tuple[Conversation, ...]) -> None:
+        for conv in victims:
+            assert not conv.is_active
+            self._drop(conv)
+            self.counters.num_evictions += 1
+
+    def _drop(self, conv: Conversation) -> None:
+        if conv.lane is not None:
+            self.lanes[conv.lane].conv = None
+        self.layout.release(conv.table)
+        self.cache.remove(conv)
+
+    def clear_cache(self) -> None:
+        """Evict every idle conversation."""
+        self._evict(tuple(self.cache.idle_lru()))
+
+    # ---- views ----------------------------------------------------------------------
+    @property
+    def has_work(self) -> bool:
+        return bool(self.seqs) or bool(self.waiting)
+
+    def stats(self) -> PoolStats:
+        active = {i for s in self.seqs.values() for i in s.conv.table.chunk_ids}
+        idle = {i for c in self.cache.idle_lru() for i in c.table.chunk_ids}
+        pool = self.layout.pool
+        return PoolStats(
+            num_chunks_total=pool.num_total,
+            num_chunks_held=pool.num_held,
+            num_chunks_free=pool.num_free,
+            num_chunks_parked=len(idle - active),
+            num_conversations_parked=sum(1 for c in self.cache if not c.is_active),
+            chunks_per_lane=tuple(self.layout.num_chunks_in_lane(lane.index, lane.conv.table if lane.conv else None) for lane in self.lanes),
+            chunk_size=pool.chunk_size,
+        )
+
+    def check(self) -> None:
+        """Every invariant of lanes, conversations and the pool (tests call it after each step)."""
+        pool = self.layout.pool
+        pool.check()
+        refs: dict[int, int] = {}
+        for conv in self.cache:
+            assert len(conv.token_ids) == conv.num_cells, (conv.conv_id, len(conv.token_ids), conv.num_cells)
+            assert conv.num_cells <= conv.table.cell_capacity(pool.chunk_size)
+            if conv.lane is not None:
+                assert self.lanes[conv.lane].conv is conv
+            for i in conv.table.chunk_ids:
+                refs[i] = refs.get(i, 0) + 1
+        for lane in self.lanes:
+            if lane.conv is not None:
+                assert lane.conv.lane == lane.index and self.cache.get(lane.conv.conv_id) is lane.conv
+            if lane.seq is not None:
+                assert lane.seq.conv is lane.conv and lane.conv.is_active
+        for seq in self.seqs.values():
+            assert self.lanes[seq.lane].seq is seq
+        if self.layout.is_pooled:
+            for i in range(pool.num_total):
+                assert refs.get(i, 0) == pool.refcount(i), f"chunk {i}: {refs.get(i, 0)} tables, refcount {pool.refcount(i)}"
+            for conv in self.cache:
+                if conv.is_active:
+                    assert is_writable(conv.table, pool), f"conversation {conv.conv_id} writes a shared chunk"
+        else:
+            assert all(n == 1 for n in refs.values()), "a reserved chunk is in two tables"

@@ -1,0 +1,67 @@
+"""Errors raised at strata's edges. Each carries what a user needs to act on it."""
+
+from __future__ import annotations
+
+
+class StrataError(Exception):
+    """Base of every error strata raises on purpose."""
+
+
+class ConfigError(StrataError, ValueError):
+    """A flag or environment variable has a bad value; the message names it."""
+
+
+class LoaderError(StrataError):
+    """A model file or directory cannot be loaded; the message names the file or field."""
+
+
+class RequestError(StrataError, ValueError):
+    """A request is malformed or cannot be served as asked (HTTP 400)."""
+
+    def __init__(self, message: str, code: str = "invalid_request_error", param: str | None = None):
+        super().__init__(message)
+        self.code = code
+        self.param = param
+
+
+class ContextLengthExceeded(RequestError):
+    """The prompt is longer than `--max-context` allows (HTTP 400)."""
+
+    def __init__(self, num_prompt_tokens: int, max_context: int):
+        super().__init__(
+            f"the prompt has {num_prompt_tokens} tokens, more than --max-context "
+            f"{max_context} allows (it must leave room for at least one new token)",
+            code="context_length_exceeded",
+            param="messages",
+        )
+        self.num_prompt_tokens = num_prompt_tokens
+        self.max_context = max_context
+
+
+class PoolFullError(StrataError):
+    """The KV pool cannot hold a new request even after parked conversations gave way.
+
+    Retryable: `retry_after` is a hint in whole seconds (HTTP 503 + Retry-After).
+    """
+
+    code = "kv_pool_full"
+
+    def __init__(self, num_chunks_needed: int, num_chunks_free: int, retry_after: int):
+        super().__init__(
+            f"the KV pool is full: the request needs {num_chunks_needed} more chunks, "
+            f"{num_chunks_free} are free after parked conversations gave way; "
+            f"retry in {retry_after} s"
+        )
+        self.num_chunks_needed = num_chunks_needed
+        self.num_chunks_free = num_chunks_free
+        self.retry_after = retry_after
+
+
+class QueueFullError(StrataError):
+    """Too many requests are already waiting for a lane (HTTP 503 + Retry-After)."""
+
+    code = "queue_full"
+
+    def __init__(self, num_waiting: int, retry_after: int = 1):
+        super().__init__(f"{num_waiting} requests are already waiting for a lane; retry later")
+        self.retry_after = retry_after

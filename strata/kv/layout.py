@@ -1,0 +1,107 @@
+"""How conversations hold K/V: the interface both layouts share, and the pooled one.
+
+The scheduler speaks to a layout, never to chunk ids directly:
+- `PooledLayout` (`--kv-pool-tokens N`): a conversation holds only the chunks it has
+  reached; a move between lanes hands its table over (no K/V copied); a conversation
+  can stay parked in the pool without a lane.
+- `ReservedLayout` (kv/reserve.py, the default): each lane owns chunks for the whole
+  `--max-context`; a move copies K/V into the destination lane's chunks.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+
+from strata.kv import table as tbl
+from strata.kv.pool import KVPool
+from strata.kv.table import CellCopy, ChunkTable
+
+
+class KVLayout(ABC):
+    is_pooled: bool
+    pool: KVPool
+
+    @property
+    def chunk_size(self) -> int:
+        return self.pool.chunk_size
+
+    @abstractmethod
+    def new_table(self, lane: int) -> ChunkTable:
+        """An empty table for a new conversation in `lane` (which holds nothing now)."""
+
+    @abstractmethod
+    def move(self, table: ChunkTable, dst_lane: int) -> tuple[ChunkTable, list[CellCopy]]:
+        """The conversation holding `table` goes to `dst_lane` (which holds nothing now)."""
+
+    @abstractmethod
+    def fork(self, table: ChunkTable, num_cells: int, dst_lane: int) -> tuple[ChunkTable, list[CellCopy]]:
+        """A new conversation in `dst_lane` starting with the first `num_cells` cells of `table`."""
+
+    @abstractmethod
+    def num_chunks_to_fork(self, num_cells: int) -> int: ...
+
+    @abstractmethod
+    def num_chunks_to_grow(self, table: ChunkTable, num_cells: int) -> int: ...
+
+    @abstractmethod
+    def grow(self, table: ChunkTable, num_cells: int) -> None:
+        """Room for `num_cells` cells; the caller checked the pool has it."""
+
+    @abstractmethod
+    def num_chunks_to_truncate(self, table: ChunkTable, num_cells: int) -> int: ...
+
+    @abstractmethod
+    def truncate(self, table: ChunkTable, num_cells: int) -> list[CellCopy]: ...
+
+    @abstractmethod
+    def release(self, table: ChunkTable) -> None:
+        """The conversation holding `table` is gone."""
+
+    @abstractmethod
+    def num_freed_by_release(self, tables: Iterable[ChunkTable]) -> int:
+        """How many chunks releasing all of `tables` would free (nothing is changed)."""
+
+    @abstractmethod
+    def num_chunks_in_lane(self, lane: int, table: ChunkTable | None) -> int:
+        """Chunks lane `lane` holds while it has `table` (None: an empty lane)."""
+
+
+class PooledLayout(KVLayout):
+    is_pooled = True
+
+    def __init__(self, num_chunks: int, chunk_size: int):
+        self.pool = KVPool(num_chunks, chunk_size)
+
+    def new_table(self, lane: int) -> ChunkTable:
+        return ChunkTable()
+
+    def move(self, table: ChunkTable, dst_lane: int) -> tuple[ChunkTable, list[CellCopy]]:
+        return table, []  # a swap of chunk tables: the K/V stays where it is
+
+    def fork(self, table: ChunkTable, num_cells: int, dst_lane: int) -> tuple[ChunkTable, list[CellCopy]]:
+        return tbl.fork(table, self.pool, num_cells)
+
+    def num_chunks_to_fork(self, num_cells: int) -> int:
+        return tbl.num_chunks_to_fork(num_cells, self.chunk_size)
+
+    def num_chunks_to_grow(self, table: ChunkTable, num_cells: int) -> int:
+        return tbl.num_chunks_to_grow(table, num_cells, self.chunk_size)
+
+    def grow(self, table: ChunkTable, num_cells: int) -> None:
+        tbl.grow(table, self.pool, num_cells)
+
+    def num_chunks_to_truncate(self, table: ChunkTable, num_cells: int) -> int:
+        return tbl.num_chunks_to_truncate(table, self.pool, num_cells)
+
+    def truncate(self, table: ChunkTable, num_cells: int) -> list[CellCopy]:
+        return tbl.truncate(table, self.pool, num_cells)
+
+    def release(self, table: ChunkTable) -> None:
+        tbl.release(table, self.pool)
+
+    def num_freed_by_release(self, tables: Iterable[ChunkTable]) -> int:
+        return self.pool.num_freed_by_release([i for t in tables for i in t.chunk_ids])
+
+    def num_chunks_in_lane(self, lane: int, table: ChunkTable | None) -> int:
+        return 0 if table is None else len(table.chunk_ids)

@@ -1,0 +1,120 @@
+"""Chunk tables: a conversation's ordered chunk ids plus its length in cells.
+
+A table is the only map from token position to storage: position `p` lives in cell
+`p % chunk_size` of chunk `chunk_ids[p // chunk_size]`. Operations here go through
+the pool for every id they take or give back, and describe the K/V copies they need
+as `CellCopy` records (the storage runs them); no torch here.
+
+Invariants:
+- `len(chunk_ids) * chunk_size >= num_cells`;
+- the chunk that position `num_cells` falls in (the next write) is never shared:
+  full chunks may be shared by forks, a partial last chunk is always private.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from strata.kv.pool import KVPool
+
+
+@dataclass(frozen=True)
+class CellCopy:
+    """Copy cells [start, start + num_cells) of one chunk into the same cells of another."""
+
+    src_chunk: int
+    dst_chunk: int
+    start: int
+    num_cells: int
+
+
+@dataclass(eq=False)
+class ChunkTable:
+    chunk_ids: list[int] = field(default_factory=list)
+    num_cells: int = 0
+
+    def cell_capacity(self, chunk_size: int) -> int:
+        return len(self.chunk_ids) * chunk_size
+
+
+def chunks_for(num_cells: int, chunk_size: int) -> int:
+    return -(-num_cells // chunk_size)
+
+
+def num_chunks_to_grow(table: ChunkTable, num_cells: int, chunk_size: int) -> int:
+    return max(0, chunks_for(num_cells, chunk_size) - len(table.chunk_ids))
+
+
+def grow(table: ChunkTable, pool: KVPool, num_cells: int) -> None:
+    """Give `table` room for `num_cells` cells; the caller checked the pool has it."""
+    n = num_chunks_to_grow(table, num_cells, pool.chunk_size)
+    if n:
+        table.chunk_ids.extend(pool.allocate(n))
+
+
+def release(table: ChunkTable, pool: KVPool) -> None:
+    pool.release(table.chunk_ids)
+    table.chunk_ids = []
+    table.num_cells = 0
+
+
+def num_chunks_to_fork(num_cells: int, chunk_size: int) -> int:
+    """A fork shares full chunks and needs one new chunk for a partial last one."""
+    return 1 if num_cells % chunk_size else 0
+
+
+def fork(table: ChunkTable, pool: KVPool, num_cells: int) -> tuple[ChunkTable, list[CellCopy]]:
+    """A new table holding the first `num_cells` cells of `table`."""
+    assert num_cells <= table.num_cells
+    c = pool.chunk_size
+    num_full, rest = divmod(num_cells, c)
+    shared = table.chunk_ids[:num_full]
+    pool.share(shared)
+    ids = list(shared)
+    copies: list[CellCopy] = []
+    if rest:
+        (new,) = pool.allocate(1)
+        copies.append(CellCopy(table.chunk_ids[num_full], new, 0, rest))
+        ids.append(new)
+    return ChunkTable(ids, num_cells), copies
+
+
+def num_chunks_to_truncate(table: ChunkTable, pool: KVPool, num_cells: int) -> int:
+    """Truncating into a shared chunk copies its kept cells into a private one."""
+    c = pool.chunk_size
+    if num_cells % c == 0:
+        return 0
+    last = table.chunk_ids[num_cells // c]
+    return 1 if pool.is_shared(last) else 0
+
+
+def truncate(table: ChunkTable, pool: KVPool, num_cells: int) -> list[CellCopy]:
+    """Keep the first `num_cells` cells (a branch from a checkpoint); free the rest."""
+    assert num_cells <= table.num_cells
+    c = pool.chunk_size
+    keep = chunks_for(num_cells, c)
+    pool.release(table.chunk_ids[keep:])
+    del table.chunk_ids[keep:]
+    table.num_cells = num_cells
+    copies: list[CellCopy] = []
+    if num_cells % c and pool.is_shared(table.chunk_ids[-1]):
+        (new,) = pool.allocate(1)
+        copies.append(CellCopy(table.chunk_ids[-1], new, 0, num_cells % c))
+        pool.release([table.chunk_ids[-1]])
+        table.chunk_ids[-1] = new
+    return copies
+
+
+def is_writable(table: ChunkTable, pool: KVPool) -> bool:
+    """The invariant: the chunk holding the next write position is private."""
+    i = table.num_cells // pool.chunk_size
+    return i >= len(table.chunk_ids) or not pool.is_shared(table.chunk_ids[i])
+
+
+def copy_cells(src: ChunkTable, dst: ChunkTable, num_cells: int, chunk_size: int) -> list[CellCopy]:
+    """The copies that put the first `num_cells` cells of `src` into `dst` (reserved moves)."""
+    copies = []
+    for i in range(chunks_for(num_cells, chunk_size)):
+        n = min(chunk_size, num_cells - i * chunk_size)
+        copies.append(CellCopy(src.chunk_ids[i], dst.chunk_ids[i], 0, n))
+    return copies

@@ -1,0 +1,81 @@
+"""The offline Python API: `strata.LLM(...).generate(prompts, SamplingParams)`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from strata.config import EngineConfig
+from strata.engine.engine import Engine
+from strata.engine.request import Timings
+from strata.sampling import SamplingParams
+
+Prompt = str | Sequence[int]
+
+
+@dataclass(frozen=True)
+class Completion:
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]
+    text: str
+    finish_reason: str
+    truncated: bool
+    num_cached_tokens: int
+    timings: Timings | None
+
+
+class LLM:
+    """Loads a model once; `generate` runs many prompts at once over the engine's lanes.
+
+    Keyword arguments are EngineConfig fields (`batch=7` gives 8 lanes, `kv_pool_tokens`,
+    `kv_chunk`, `dtype`, ...); `model=None` is the embedded default model.
+    """
+
+    def __init__(self, model: str | None = None, progress: bool = False, **engine_options):
+        engine_options.setdefault("batch", 7)
+        self.engine = Engine(EngineConfig(model=model, **engine_options), progress=progress)
+        self.tokenizer = self.engine.tokenizer
+
+    def generate(
+        self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None = None
+    ) -> list[Completion]:
+        """Generates for every prompt (a string, or token ids); results in prompt order."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params = SamplingParams() if params is None else params
+        if isinstance(params, SamplingParams):
+            params = [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts need as many SamplingParams, got {len(params)}")
+        ids = [self.engine.add_request(p, sp) for p, sp in zip(prompts, params)]
+        prompt_ids = {i: tuple(self.engine.requests[i].prompt_ids) for i in ids}
+        tokens: dict[str, list[int]] = {i: [] for i in ids}
+        texts: dict[str, list[str]] = {i: [] for i in ids}
+        done = {}
+        while len(done) < len(ids):
+            for out in self.engine.step():
+                if out.request_id not in tokens:
+                    continue
+                tokens[out.request_id].extend(out.new_token_ids)
+                texts[out.request_id].append(out.new_text)
+                if out.error is not None:
+                    raise out.error
+                if out.finished:
+                    done[out.request_id] = out
+        return [
+            Completion(
+                i, prompt_ids[i], tuple(tokens[i]), "".join(texts[i]), done[i].finish_reason,
+                done[i].truncated, done[i].num_cached_tokens, done[i].timings,
+            )
+            for i in ids
+        ]
+
+    def chat(
+        self, conversations: Sequence[dict] | Sequence[Sequence[dict]], params: SamplingParams | None = None
+    ) -> list[Completion]:
+        """Like `generate`, for chat messages rendered with the model's chat template."""
+        if conversations and isinstance(conversations[0], dict):
+            conversations = [conversations]
+        prompts = [self.tokenizer.encode_chat(list(c)) for c in conversations]
+        return self.generate(prompts, params)

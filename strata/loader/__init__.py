@@ -1,0 +1,72 @@
+"""Model loading: a GGUF file or a Hugging Face directory, to config + tensors + tokenizer."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from strata.errors import LoaderError
+from strata.loader.default import default_model_path
+from strata.loader.tokenizer import Tokenizer
+from strata.models.config import ModelConfig
+
+
+@dataclass
+class ModelSource:
+    """An opened model: its config, tokenizer, and a one-pass iterator of its tensors."""
+
+    path: str
+    config: ModelConfig
+    tokenizer: Tokenizer
+    num_tensors: int
+    tensors: Iterator[tuple[str, torch.Tensor]]  # (Hugging Face name, float32 tensor)
+    fingerprint: str  # names the exact weights (session files check it)
+
+
+def _fingerprint(path: str, config: ModelConfig) -> str:
+    h = hashlib.sha256(repr(config).encode())
+    files = [path] if os.path.isfile(path) else sorted(
+        os.path.join(path, f) for f in os.listdir(path) if f.endswith((".safetensors", ".gguf"))
+    )
+    for f in files:
+        st = os.stat(f)
+        h.update(f"{os.path.basename(f)}:{st.st_size}".encode())
+        with open(f, "rb") as fh:
+            h.update(fh.read(1 << 16))
+    return h.hexdigest()[:16]
+
+
+def open_model(path: str | None = None) -> ModelSource:
+    """Opens `path` (a .gguf file or a Hugging Face directory); None means the default model."""
+    path = default_model_path() if path is None else path
+    if os.path.isdir(path):
+        from strata.loader.hf_dir import hf_model_config, iter_hf_tensors, safetensors_files
+
+        config = hf_model_config(path)
+        tokenizer = Tokenizer.from_hf_dir(path)
+        if not config.eos_token_ids:
+            config = _with_eos(config, tokenizer)
+        files = safetensors_files(path)
+        return ModelSource(path, config, tokenizer, len(files), iter_hf_tensors(path), _fingerprint(path, config))
+    if not os.path.exists(path):
+        raise LoaderError(f"model not found: {path} (pass a .gguf file or a Hugging Face directory)")
+    from strata.loader.gguf_file import check_tensor_data, gguf_model_config, iter_gguf_tensors, open_gguf
+
+    reader = open_gguf(path)
+    check_tensor_data(reader, path)
+    tokenizer = Tokenizer.from_gguf(reader, path)
+    config = gguf_model_config(reader, path, tokenizer.eos_token_ids)
+    return ModelSource(
+        path, config, tokenizer, len(reader.tensors), iter_gguf_tensors(reader, config, path),
+        _fingerprint(path, config),
+    )
+
+
+def _with_eos(config: ModelConfig, tokenizer: Tokenizer) -> ModelConfig:
+    from dataclasses import replace
+
+    return replace(config, eos_token_ids=tuple(tokenizer.eos_token_ids))

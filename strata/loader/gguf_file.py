@@ -1,0 +1,191 @@
+"""A GGUF file: metadata to ModelConfig, tensors (dequantised) under Hugging Face names."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType, GGUFReader
+from gguf.quants import dequantize
+
+from strata.errors import LoaderError
+from strata.models.config import ModelConfig
+
+# Tensor types strata dequantises (gguf's numpy kernels do the work).
+SUPPORTED_TYPES = frozenset(
+    {
+        GGMLQuantizationType.F32,
+        GGMLQuantizationType.F16,
+        GGMLQuantizationType.BF16,
+        GGMLQuantizationType.Q8_0,
+        GGMLQuantizationType.Q4_0,
+        GGMLQuantizationType.Q4_1,
+        GGMLQuantizationType.Q5_0,
+        GGMLQuantizationType.Q5_1,
+        GGMLQuantizationType.Q4_K,
+        GGMLQuantizationType.Q5_K,
+        GGMLQuantizationType.Q6_K,
+    }
+)
+
+# GGUF architecture -> Hugging Face model_type.
+GGUF_ARCHES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
+
+# GGUF tensor name -> Hugging Face name; `{i}` is the layer index.
+TOP_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+# llama.cpp's rotary layout for these arches stores q/k rows permuted; undo it on load.
+PERMUTED_QK_ARCHES = frozenset({"llama", "mistral"})
+
+
+def open_gguf(path: str) -> GGUFReader:
+    if not os.path.isfile(path):
+        raise LoaderError(f"model file not found: {path}")
+    try:
+        return GGUFReader(path, "r")
+    except Exception as exc:  # gguf raises ValueError, struct/numpy errors on bad files
+        raise LoaderError(f"{path} is not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
+
+
+def field_value(reader: GGUFReader, key: str, default=None):
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    try:
+        return f.contents()
+    except Exception as exc:
+        raise LoaderError(f"GGUF metadata {key!r} is unreadable: {exc}") from exc
+
+
+def _require(reader: GGUFReader, key: str, path: str):
+    value = field_value(reader, key)
+    if value is None:
+        raise LoaderError(f"{path}: GGUF metadata {key!r} is missing")
+    return value
+
+
+def gguf_model_config(reader: GGUFReader, path: str, eos_token_ids: tuple[int, ...]) -> ModelConfig:
+    gguf_arch = _require(reader, "general.architecture", path)
+    if gguf_arch not in GGUF_ARCHES:
+        raise LoaderError(
+            f"{path}: architecture {gguf_arch!r} is not supported (strata runs {', '.join(GGUF_ARCHES)})"
+        )
+    a = gguf_arch
+    hidden = int(_require(reader, f"{a}.embedding_length", path))
+    num_heads = int(_require(reader, f"{a}.attention.head_count", path))
+    num_kv_heads = int(field_value(reader, f"{a}.attention.head_count_kv", num_heads))
+    head_dim = int(field_value(reader, f"{a}.attention.key_length", hidden // num_heads))
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    vocab = field_value(reader, f"{a}.vocab_size")
+    if vocab is None:
+        vocab = len(tokens.data) if tokens is not None else None
+    if vocab is None:
+        raise LoaderError(f"{path}: neither {a}.vocab_size nor tokenizer.ggml.tokens is present")
+    names = {t.name for t in reader.tensors}
+    rope_scaling = None
+    scaling_type = field_value(reader, f"{a}.rope.scaling.type")
+    if scaling_type == "linear":
+        rope_scaling = {
+            "rope_type": "linear",
+            "factor": float(_require(reader, f"{a}.rope.scaling.factor", path)),
+        }
+    elif scaling_type not in (None, "none"):
+        raise LoaderError(f"{path}: rope scaling {scaling_type!r} is not supported")
+    return ModelConfig(
+        arch=GGUF_ARCHES[gguf_arch],
+        vocab_size=int(vocab),
+        hidden_size=hidden,
+        intermediate_size=int(_require(reader, f"{a}.feed_forward_length", path)),
+        num_layers=int(_require(reader, f"{a}.block_count", path)),
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        rms_norm_eps=float(_require(reader, f"{a}.attention.layer_norm_rms_epsilon", path)),
+        rope_theta=float(field_value(reader, f"{a}.rope.freq_base", 10000.0)),
+        max_position=int(field_value(reader, f"{a}.context_length", 4096)),
+        tie_embeddings="output.weight" not in names,
+        attention_bias="blk.0.attn_q.bias" in names,
+        qk_norm="blk.0.attn_q_norm.weight" in names,
+        rope_scaling=rope_scaling,
+        bos_token_id=field_value(reader, "tokenizer.ggml.bos_token_id"),
+        eos_token_ids=eos_token_ids,
+        name=str(field_value(reader, "general.name", os.path.basename(path))),
+    )
+
+
+def hf_name(gguf_name: str) -> str | None:
+    if gguf_name in TOP_NAMES:
+        return TOP_NAMES[gguf_name]
+    if gguf_name == "rope_freqs.weight":
+        return "rope_freqs"  # llama3-style per-frequency factors, kept as their own tensor
+    parts = gguf_name.split(".", 2)
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{LAYER_NAMES[parts[2]]}"
+    return None
+
+
+def unpermute_qk(w: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's interleaved-rotary row order: rows [h, d/2, 2] -> [h, 2, d/2]."""
+    out_features = w.shape[0]
+    head_dim = out_features // num_heads
+    rest = w.shape[1:]
+    return w.reshape(num_heads, head_dim // 2, 2, *rest).transpose(1, 2).reshape(out_features, *rest)
+
+
+def iter_gguf_tensors(reader: GGUFReader, cfg: ModelConfig, path: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yields (Hugging Face name, float32 tensor in HF's [out, in] layout)."""
+    for t in reader.tensors:
+        name = hf_name(t.name)
+        if name is None:
+            raise LoaderError(f"{path}: unexpected tensor {t.name!r} for architecture {cfg.arch}")
+        if t.tensor_type not in SUPPORTED_TYPES:
+            raise LoaderError(
+                f"{path}: tensor {t.name!r} has type {t.tensor_type.name}, which strata cannot "
+                f"dequantise (supported: {', '.join(sorted(q.name for q in SUPPORTED_TYPES))})"
+            )
+        try:
+            data = dequantize(np.asarray(t.data), t.tensor_type)
+        except Exception as exc:
+            raise LoaderError(f"{path}: tensor {t.name!r} is unreadable ({exc})") from exc
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+        if int(np.prod(shape)) != data.size:
+            raise LoaderError(f"{path}: tensor {t.name!r} holds {data.size} values, shape says {shape}")
+        tensor = torch.from_numpy(np.array(data, dtype=np.float32)).reshape(shape)  # owned copy
+        if cfg.arch in PERMUTED_QK_ARCHES:
+            if name.endswith("q_proj.weight"):
+                tensor = unpermute_qk(tensor, cfg.num_heads)
+            elif name.endswith("k_proj.weight"):
+                tensor = unpermute_qk(tensor, cfg.num_kv_heads)
+        yield name, tensor
+
+
+def check_tensor_data(reader: GGUFReader, path: str) -> None:
+    """A truncated file maps tensor data past its end: say so before dequantising."""
+    size = os.path.getsize(path)
+    for t in reader.tensors:
+        end = int(t.data_offset) + int(t.n_bytes)
+        if end > size:
+            raise LoaderError(
+                f"{path} is truncated: tensor {t.name!r} ends at byte {end}, the file has {size}"
+            )

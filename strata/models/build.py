@@ -1,0 +1,57 @@
+"""Build a model from an opened source: dtype, layer split across devices, progress bar."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from tqdm import tqdm
+
+from strata.errors import LoaderError
+from strata.loader import ModelSource
+from strata.models.llama import LlamaModel
+
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def split_layers(num_layers: int, devices: Sequence[str]) -> list[torch.device]:
+    """Contiguous, near-equal runs of layers per device, in the order given."""
+    n = len(devices)
+    return [torch.device(devices[i * n // num_layers]) for i in range(num_layers)]
+
+
+def _device_of(name: str, layer_devices: list[torch.device]) -> torch.device:
+    if name.startswith("model.layers."):
+        return layer_devices[int(name.split(".")[2])]
+    if name in ("model.norm.weight", "lm_head.weight"):
+        return layer_devices[-1]
+    return layer_devices[0]
+
+
+def build_model(
+    source: ModelSource, dtype: str, devices: Sequence[str], max_positions: int, progress: bool = True
+) -> LlamaModel:
+    cfg = source.config
+    layer_devices = split_layers(cfg.num_layers, devices)
+    torch_dtype = TORCH_DTYPES[dtype]
+    weights: dict[str, torch.Tensor] = {}
+    bar = tqdm(total=source.num_tensors, desc="loading weights", unit="tensor", disable=not progress, leave=False)
+    for name, tensor in source.tensors:
+        if name == "rope_freqs":
+            weights[name] = tensor
+        else:
+            weights[name] = tensor.to(dtype=torch_dtype, device=_device_of(name, layer_devices))
+        bar.update(1)
+    bar.close()
+    if cfg.tie_embeddings:
+        weights.pop("lm_head.weight", None)
+    required = ["model.embed_tokens.weight", "model.norm.weight"] + (
+        [] if cfg.tie_embeddings else ["lm_head.weight"]
+    )
+    for name in required:
+        if name not in weights:
+            raise LoaderError(f"{source.path}: tensor {name!r} is missing")
+    try:
+        return LlamaModel(cfg, weights, torch_dtype, layer_devices, max_positions)
+    except KeyError as exc:
+        raise LoaderError(f"{source.path}: tensor {exc.args[0]!r} is missing") from exc

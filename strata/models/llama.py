@@ -1,0 +1,120 @@
+"""The Llama family: Llama 2/3, SmolLM2, Mistral, Qwen2/2.5 (q/k/v bias), Qwen3 (q/k norm).
+
+Weights arrive under their Hugging Face names; each layer fuses q/k/v and gate/up into
+one projection, so every linear layer runs once per step for all lanes together.
+Layers may be split across devices: each layer lives on `layer_devices[i]`, the
+embedding on the first layer's device, the final norm and LM head on the last.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from strata.kv.storage import KVStorage
+from strata.models.attention import AttentionMeta, attend
+from strata.models.config import ModelConfig
+from strata.models.layers import Linear, RMSNorm, Rotary, apply_rotary, rope_inv_freq
+
+
+def layer_name(i: int, suffix: str) -> str:
+    return f"model.layers.{i}.{suffix}"
+
+
+class DecoderLayer:
+    def __init__(self, cfg: ModelConfig, w: Mapping[str, torch.Tensor], i: int):
+        def get(suffix: str) -> torch.Tensor:
+            return w[layer_name(i, suffix)]
+
+        def get_opt(suffix: str) -> torch.Tensor | None:
+            return w.get(layer_name(i, suffix))
+
+        self.cfg = cfg
+        self.input_norm = RMSNorm(get("input_layernorm.weight"), cfg.rms_norm_eps)
+        self.post_norm = RMSNorm(get("post_attention_layernorm.weight"), cfg.rms_norm_eps)
+        proj = ("q_proj", "k_proj", "v_proj")
+        qkv_w = torch.cat([get(f"self_attn.{p}.weight") for p in proj])
+        qkv_b = None
+        if cfg.attention_bias:
+            qkv_b = torch.cat([get(f"self_attn.{p}.bias") for p in proj])
+        self.qkv = Linear(qkv_w, qkv_b)
+        self.o = Linear(get("self_attn.o_proj.weight"), get_opt("self_attn.o_proj.bias"))
+        self.gate_up = Linear(torch.cat([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")]))
+        self.down = Linear(get("mlp.down_proj.weight"))
+        self.q_norm = self.k_norm = None
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(get("self_attn.q_norm.weight"), cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(get("self_attn.k_norm.weight"), cfg.rms_norm_eps)
+        self.q_size = cfg.num_heads * cfg.head_dim
+        self.kv_size = cfg.num_kv_heads * cfg.head_dim
+
+    def __call__(
+        self,
+        x: torch.Tensor,  # [tokens, hidden]
+        cos: torch.Tensor,  # [tokens, 1, head_dim / 2]
+        sin: torch.Tensor,
+        k_cache: torch.Tensor,  # [kv_heads, cells, head_dim]
+        v_cache: torch.Tensor,
+        meta: AttentionMeta,
+    ) -> torch.Tensor:
+        cfg = self.cfg
+        t = x.shape[0]
+        qkv = self.qkv(self.input_norm(x))
+        q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
+        q = q.view(t, cfg.num_heads, cfg.head_dim)
+        k = k.view(t, cfg.num_kv_heads, cfg.head_dim)
+        v = v.view(t, cfg.num_kv_heads, cfg.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        x = x + self.o(attend(q, k, v, k_cache, v_cache, meta))
+        gate, up = self.gate_up(self.post_norm(x)).chunk(2, dim=-1)
+        return x + self.down(F.silu(gate) * up)
+
+
+class LlamaModel:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        weights: Mapping[str, torch.Tensor],
+        dtype: torch.dtype,
+        layer_devices: Sequence[torch.device],
+        max_positions: int,
+    ):
+        """`weights`: Hugging Face names -> tensors already in `dtype` on their layer's device."""
+        assert len(layer_devices) == cfg.num_layers
+        self.cfg = cfg
+        self.dtype = dtype
+        self.layer_devices = list(layer_devices)
+        self.embed = weights["model.embed_tokens.weight"]  # [vocab, hidden] on the first device
+        self.layers = [DecoderLayer(cfg, weights, i) for i in range(cfg.num_layers)]
+        self.norm = RMSNorm(weights["model.norm.weight"], cfg.rms_norm_eps)
+        head = weights.get("lm_head.weight")
+        if head is None:  # tied embeddings
+            head = self.embed.to(self.layer_devices[-1])
+        self.lm_head = Linear(head)
+        inv_freq = rope_inv_freq(cfg, weights.get("rope_freqs"))
+        self.devices = list(dict.fromkeys(self.layer_devices))
+        self.rotary = {d: Rotary(inv_freq, max_positions, dtype, d) for d in self.devices}
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [tokens] on the first device
+        positions: Mapping[torch.device, torch.Tensor],  # [tokens] per device
+        metas: Mapping[torch.device, AttentionMeta],
+        kv: KVStorage,
+        logits_rows: torch.Tensor,  # [rows] which token rows need logits (on the last device)
+    ) -> torch.Tensor:
+        """Returns float32 logits [rows, vocab]."""
+        x = F.embedding(input_ids, self.embed)
+        tables = {d: self.rotary[d].tables(positions[d]) for d in self.devices}
+        for i, layer in enumerate(self.layers):
+            dev = self.layer_devices[i]
+            if x.device != dev:
+                x = x.to(dev, non_blocking=True)
+            cos, sin = tables[dev]
+            x = layer(x, cos, sin, kv.k[i], kv.v[i], metas[dev])
+        x = self.norm(x.index_select(0, logits_rows))
+        return self.lm_head(x).float()

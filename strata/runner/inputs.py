@@ -1,0 +1,108 @@
+"""One step's batched inputs, built from the scheduler's lane work (once per device)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from strata.engine.plan import LaneWork
+from strata.models.attention import AttentionMeta, DecodeRows, PrefillRows
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    work: tuple[LaneWork, ...]  # in row order: decoding lanes, then prefill pieces
+    input_ids: torch.Tensor  # [tokens]
+    positions: torch.Tensor  # [tokens]
+    meta: AttentionMeta
+    logits_rows: torch.Tensor  # [samples] the last row of each lane that samples
+    sample_work: tuple[LaneWork, ...]  # the lanes behind logits_rows, in order
+
+
+def _contiguous(chunk_ids: Sequence[int], num_cells: int, chunk_size: int) -> slice | None:
+    n = -(-num_cells // chunk_size)
+    first = chunk_ids[0]
+    if all(chunk_ids[i] == first + i for i in range(1, n)):
+        return slice(first * chunk_size, first * chunk_size + num_cells)
+    return None
+
+
+def _cells(chunk_ids: Sequence[int], start: int, end: int, chunk_size: int) -> torch.Tensor:
+    """Flat cell indices of positions [start, end) under a chunk table."""
+    pos = torch.arange(start, end)
+    chunks = torch.tensor(chunk_ids, dtype=torch.long)
+    return chunks[pos // chunk_size] * chunk_size + pos % chunk_size
+
+
+def build_inputs(work: Sequence[LaneWork], chunk_size: int) -> StepInputs:
+    decode = [w for w in work if len(w.token_ids) == 1]
+    prefill = [w for w in work if len(w.token_ids) > 1]
+    ordered = tuple(decode + prefill)
+    ids: list[int] = []
+    positions: list[torch.Tensor] = []
+    writes: list[torch.Tensor] = []
+    for w in ordered:
+        ids.extend(w.token_ids)
+        positions.append(torch.arange(w.start, w.num_cells))
+        writes.append(_cells(w.chunk_ids, w.start, w.num_cells, chunk_size))
+
+    decode_rows = None
+    if decode:
+        lens = [w.num_cells for w in decode]
+        max_cells = max(lens)
+        index = torch.zeros(len(decode), max_cells, dtype=torch.long)
+        for r, w in enumerate(decode):
+            index[r, : w.num_cells] = _cells(w.chunk_ids, 0, w.num_cells, chunk_size)
+        bias = None
+        if min(lens) != max_cells:
+            bias = torch.zeros(len(decode), 1, max_cells)
+            for r, n in enumerate(lens):
+                bias[r, 0, n:] = float("-inf")
+        decode_rows = DecodeRows(len(decode), max_cells, index.view(-1), bias)
+
+    prefills = []
+    row = len(decode)
+    for w in prefill:
+        n = len(w.token_ids)
+        cell_slice = _contiguous(w.chunk_ids, w.num_cells, chunk_size)
+        cell_index = None if cell_slice is not None else _cells(w.chunk_ids, 0, w.num_cells, chunk_size)
+        mask = None
+        if w.start > 0:
+            q_pos = torch.arange(w.start, w.num_cells).unsqueeze(1)
+            mask = torch.arange(w.num_cells).unsqueeze(0) <= q_pos  # [rows, cells]
+        prefills.append(PrefillRows(row, row + n, w.num_cells, cell_slice, cell_index, mask))
+        row += n
+
+    sample_rows, sample_work = [], []
+    row = 0
+    for w in ordered:
+        row += len(w.token_ids)
+        if w.do_sample:
+            sample_rows.append(row - 1)
+            sample_work.append(w)
+    meta = AttentionMeta(torch.cat(writes), decode_rows, tuple(prefills))
+    return StepInputs(
+        ordered,
+        torch.tensor(ids, dtype=torch.long),
+        torch.cat(positions),
+        meta,
+        torch.tensor(sample_rows, dtype=torch.long),
+        tuple(sample_work),
+    )
+
+
+def meta_to(meta: AttentionMeta, device: torch.device) -> AttentionMeta:
+    """The same addressing with its tensors on `device`."""
+
+    def mv(t):
+        return None if t is None else t.to(device, non_blocking=True)
+
+    d = meta.decode
+    decode = None if d is None else DecodeRows(d.num_rows, d.max_cells, mv(d.cell_index), mv(d.bias))
+    prefills = tuple(
+        PrefillRows(p.row_start, p.row_end, p.num_cells, p.cell_slice, mv(p.cell_index), mv(p.mask))
+        for p in meta.prefills
+    )
+    return AttentionMeta(mv(meta.write_index), decode, prefills)

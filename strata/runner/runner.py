@@ -1,0 +1,80 @@
+"""The model runner: one batched forward per step over every lane's chunk table, then sampling."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from strata.engine.plan import StepPlan
+from strata.kv.storage import KVStorage
+from strata.models.llama import LlamaModel
+from strata.runner.inputs import build_inputs, meta_to
+from strata.sampler import Sampler, TokenLogprobs
+from strata.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class Sampled:
+    request_id: str
+    token_id: int
+    logprobs: TokenLogprobs | None
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    sampled: tuple[Sampled, ...]
+    num_tokens: int  # tokens fed this step (prefill pieces and decode tokens)
+    num_prefill_tokens: int
+    num_bytes_copied: int  # K/V copied before the forward (forks, reserved-layout moves)
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaModel, kv: KVStorage):
+        self.model = model
+        self.kv = kv
+        self.sampler = Sampler()
+        self.first_device = model.layer_devices[0]
+        self.last_device = model.layer_devices[-1]
+
+    @torch.inference_mode()
+    def execute(
+        self,
+        plan: StepPlan,
+        params: Mapping[str, SamplingParams],
+        generators: Mapping[str, torch.Generator | None],
+    ) -> StepOutput:
+        """Runs `plan`'s copies and forward; samples one token for each lane that samples."""
+        num_bytes = self.kv.copy_cells(plan.copies)
+        if not plan.work:
+            return StepOutput((), 0, 0, num_bytes)
+        inputs = build_inputs(plan.work, self.kv.chunk_size)
+        metas = {d: meta_to(inputs.meta, d) for d in self.model.devices}
+        positions = {d: inputs.positions.to(d, non_blocking=True) for d in self.model.devices}
+        logits = self.model.forward(
+            inputs.input_ids.to(self.first_device, non_blocking=True),
+            positions,
+            metas,
+            self.kv,
+            inputs.logits_rows.to(self.last_device, non_blocking=True),
+        )
+        ids = [w.request_id for w in inputs.sample_work]
+        sampled: tuple[Sampled, ...] = ()
+        if ids:
+            out = self.sampler.sample(logits, [params[i] for i in ids], [generators[i] for i in ids])
+            sampled = tuple(Sampled(i, t, lp) for i, t, lp in zip(ids, out.token_ids, out.logprobs))
+        num_tokens = int(inputs.input_ids.numel())
+        num_prefill = sum(len(w.token_ids) for w in plan.work if len(w.token_ids) > 1)
+        return StepOutput(sampled, num_tokens, num_prefill, num_bytes)
+
+    @torch.inference_mode()
+    def logits_for(self, work: Sequence) -> torch.Tensor:
+        """Float32 logits for every token row of `work` (tests compare them with transformers)."""
+        inputs = build_inputs(work, self.kv.chunk_size)
+        rows = torch.arange(inputs.input_ids.numel())
+        metas = {d: meta_to(inputs.meta, d) for d in self.model.devices}
+        positions = {d: inputs.positions.to(d) for d in self.model.devices}
+        return self.model.forward(
+            inputs.input_ids.to(self.first_device), positions, metas, self.kv, rows.to(self.last_device)
+        )
