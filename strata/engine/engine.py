@@ -172,6 +172,17 @@ class Engine:
         ]
         return max(1, min(60, math.ceil(step * min(left, default=1))))
 
+    # ---- conversations between lanes -----------------------------------------------------
+    def move(self, src_lane: int, dst_lane: int) -> int:
+        """Move an idle conversation between lanes; returns the K/V bytes copied (0 when pooled)."""
+        num_bytes = self.kv.copy_cells(self.scheduler.move(src_lane, dst_lane))
+        self.num_bytes_copied += num_bytes
+        return num_bytes
+
+    def park(self, lane: int) -> None:
+        """Take a lane's idle conversation out of the lane, keeping its K/V in the pool."""
+        self.scheduler.park(lane)
+
     # ---- offline helpers ----------------------------------------------------------------
     def run_until_done(self) -> list[RequestOutput]:
         outputs = []

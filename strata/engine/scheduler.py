@@ -195,11 +195,16 @@ class Scheduler:
         return copies
 
     def park(self, lane_index: int) -> None:
-        """Take the idle conversation out of its lane, keeping its K/V in the pool."""
+        """Take the idle conversation out of its lane, keeping its K/V in the pool.
+
+        In the reserved layout an idle conversation is already parked in its lane (its K/V
+        lives in the lane's reservation), so this changes nothing there.
+        """
         lane = self.lanes[lane_index]
         if not lane.is_idle:
             raise ValueError(f"lane {lane_index} holds no idle conversation")
-        self._displace(lane)
+        if self.layout.is_pooled:
+            self._displace(lane)
 
     def _place(self, conv: Conversation, dst_lane: int) -> list[CellCopy]:
         """Put `conv` in the empty lane `dst_lane`, from its own lane or from the pool."""

@@ -1,0 +1,100 @@
+"""Every model path against Hugging Face transformers on the same weights (float32)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from strata.config import EngineConfig
+from strata.engine.engine import Engine
+from strata.llm import LLM
+from strata.sampling import SamplingParams
+from tests.conftest import make_tiny_model
+
+transformers = pytest.importorskip("transformers")
+
+PROMPT = "The quick brown fox jumps over the lazy dog. Ünïcödé, 日本語, emoji 🙂 and numbers 12345."
+
+CASES = {
+    "llama": ("llama", {}),
+    "llama3-rope": ("llama", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}),
+    "llama-tied": ("llama", {"tie_word_embeddings": True}),
+    "mistral": ("mistral", {"sliding_window": None}),
+    "qwen2": ("qwen2", {}),
+    "qwen3": ("qwen3", {}),
+}
+
+
+def assert_logits_close(ours: torch.Tensor, ref: torch.Tensor) -> None:
+    scale = ref.abs().max().item()
+    err = (ours - ref).abs().max().item()
+    assert err <= 1e-4 * scale, f"max abs error {err:.3g} over logit scale {scale:.3g}"
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def tiny(request, tmp_path_factory, smol_tokenizer):
+    arch, overrides = CASES[request.param]
+    path = make_tiny_model(arch, str(tmp_path_factory.mktemp(request.param)), smol_tokenizer, **overrides)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return path, ref
+
+
+def test_tiny_logits_match_transformers(tiny, smol_tokenizer):
+    path, ref = tiny
+    ids = smol_tokenizer.encode(PROMPT)
+    with torch.inference_mode():
+        expected = ref(torch.tensor([ids])).logits[0].float()
+    # Chunks of 16 cells and prefill pieces of 7 tokens: the prompt spans several chunks
+    # and is read in pieces that attend to K/V written by earlier pieces.
+    engine = Engine(EngineConfig(model=path, dtype="float32", max_context=256, kv_chunk=16, prefill_chunk=7),
+                    progress=False)
+    assert_logits_close(engine.prompt_logits(ids), expected)
+
+
+def test_tiny_greedy_matches_transformers(tiny, smol_tokenizer):
+    path, ref = tiny
+    ids = smol_tokenizer.encode(PROMPT)
+    with torch.inference_mode():
+        out = ref.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False, eos_token_id=None,
+                           pad_token_id=0)
+    expected = out[0, len(ids):].tolist()
+    llm = LLM(model=path, dtype="float32", max_context=256, kv_chunk=64, batch=0)
+    (got,) = llm.generate([ids], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+    assert list(got.token_ids) == expected
+
+
+@pytest.fixture(scope="module")
+def smol(gguf_path):
+    import os
+
+    ref = transformers.AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path), dtype=torch.float32
+    ).eval()
+    llm = LLM(model=gguf_path, dtype="float32", max_context=1024, batch=1)
+    return ref, llm
+
+
+def test_smollm2_gguf_logits_match_transformers(smol, smol_tokenizer):
+    ref, llm = smol
+    text = ("In the beginning the Universe was created. This has made a lot of people very angry and been "
+            "widely regarded as a bad move. Many races believe that it was created by some sort of god. "
+            "The Jatravartid people of Viltvodle VI believe that the entire Universe was in fact sneezed "
+            "out of the nose of a being called the Great Green Arkleseizure.")
+    ids = smol_tokenizer.encode(text)[:64]
+    assert len(ids) == 64
+    with torch.inference_mode():
+        expected = ref(torch.tensor([ids])).logits[0].float()
+    assert_logits_close(llm.engine.prompt_logits(ids), expected)
+
+
+@pytest.mark.parametrize("question", ["What is the capital of France?", "Écris une phrase sur la mer."])
+def test_smollm2_gguf_greedy_matches_transformers(smol, smol_tokenizer, question):
+    ref, llm = smol
+    ids = smol_tokenizer.encode_chat([{"role": "user", "content": question}])
+    with torch.inference_mode():
+        out = ref.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False, pad_token_id=2)
+    expected = out[0, len(ids):].tolist()
+    (got,) = llm.generate([ids], SamplingParams(temperature=0, max_tokens=32))
+    assert list(got.token_ids) == expected[: len(got.token_ids)]
+    assert len(got.token_ids) == len(expected)
