@@ -56,7 +56,7 @@ class Engine:
         self.config = config
         if config.threads is not None:
             torch.set_num_threads(config.threads)
-        source = source if source is not None else open_model(config.model)
+        source = source if source is not None else open_model(config.model, keep_q4=config.weights != "dense")
         self.model_config = cfg = source.config
         self.tokenizer = source.tokenizer
         self.fingerprint = source.fingerprint
@@ -74,7 +74,7 @@ class Engine:
         check_memory(
             MemoryPlan(num_weight_params(cfg) * weight_elem, kv_bytes), config.memory_guard_mib, config.is_pooled
         )
-        self.model = build_model(source, config.dtype, config.devices, self.max_context, progress)
+        self.model = build_model(source, config.dtype, config.devices, self.max_context, config.weights, progress)
         self.kv = KVStorage(
             pool.num_total, pool.chunk_size, cfg.num_kv_heads, cfg.head_dim, config.kv_dtype, self.model.layer_devices
         )

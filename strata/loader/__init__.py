@@ -11,6 +11,7 @@ import torch
 
 from strata.errors import LoaderError
 from strata.loader.default import default_model_path
+from strata.loader.q4 import Q4Weight
 from strata.loader.tokenizer import Tokenizer
 from strata.models.config import ModelConfig
 
@@ -23,7 +24,7 @@ class ModelSource:
     config: ModelConfig
     tokenizer: Tokenizer
     num_tensors: int
-    tensors: Iterator[tuple[str, torch.Tensor]]  # (Hugging Face name, float32 tensor)
+    tensors: Iterator[tuple[str, torch.Tensor | Q4Weight]]  # (Hugging Face name, float32 tensor)
     fingerprint: str  # names the exact weights (session files check it)
 
 
@@ -40,16 +41,17 @@ def _fingerprint(path: str, config: ModelConfig) -> str:
     return h.hexdigest()[:16]
 
 
-def open_model(path: str | None = None) -> ModelSource:
-    """Opens `path` (a .gguf file or a Hugging Face directory); None means the default model."""
+def open_model(path: str | None = None, keep_q4: bool = False) -> ModelSource:
+    """Opens `path` (a .gguf file or a Hugging Face directory); None means the default model.
+
+    `keep_q4`: also yield GGUF 4-bit projections as stored (name + ".q4", see loader/q4.py).
+    """
     path = default_model_path() if path is None else path
     if os.path.isdir(path):
         from strata.loader.hf_dir import hf_model_config, iter_hf_tensors, safetensors_files
 
         config = hf_model_config(path)
         tokenizer = Tokenizer.from_hf_dir(path)
-        if not config.eos_token_ids:
-            config = _with_eos(config, tokenizer)
         files = safetensors_files(path)
         return ModelSource(path, config, tokenizer, len(files), iter_hf_tensors(path), _fingerprint(path, config))
     if not os.path.exists(path):
@@ -61,12 +63,6 @@ def open_model(path: str | None = None) -> ModelSource:
     tokenizer = Tokenizer.from_gguf(reader, path)
     config = gguf_model_config(reader, path, tokenizer.eos_token_ids)
     return ModelSource(
-        path, config, tokenizer, len(reader.tensors), iter_gguf_tensors(reader, config, path),
+        path, config, tokenizer, len(reader.tensors), iter_gguf_tensors(reader, config, path, keep_q4),
         _fingerprint(path, config),
     )
-
-
-def _with_eos(config: ModelConfig, tokenizer: Tokenizer) -> ModelConfig:
-    from dataclasses import replace
-
-    return replace(config, eos_token_ids=tuple(tokenizer.eos_token_ids))

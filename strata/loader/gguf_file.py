@@ -11,6 +11,7 @@ from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
 from strata.errors import LoaderError
+from strata.loader.q4 import Q4_TYPES, Q4Weight, q4_from_blocks
 from strata.models.config import ModelConfig
 
 # Tensor types strata dequantises (gguf's numpy kernels do the work).
@@ -153,8 +154,14 @@ def unpermute_qk(w: torch.Tensor, num_heads: int) -> torch.Tensor:
     return w.reshape(num_heads, head_dim // 2, 2, *rest).transpose(1, 2).reshape(out_features, *rest)
 
 
-def iter_gguf_tensors(reader: GGUFReader, cfg: ModelConfig, path: str) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yields (Hugging Face name, float32 tensor in HF's [out, in] layout)."""
+def iter_gguf_tensors(
+    reader: GGUFReader, cfg: ModelConfig, path: str, keep_q4: bool = False
+) -> Iterator[tuple[str, torch.Tensor | Q4Weight]]:
+    """Yields (Hugging Face name, float32 tensor in HF's [out, in] layout).
+
+    With `keep_q4`, a projection stored as Q4_0/Q4_1 also yields (name + ".q4", Q4Weight):
+    its codes and scales as stored, for the 4-bit matmul.
+    """
     for t in reader.tensors:
         name = hf_name(t.name)
         if name is None:
@@ -172,12 +179,20 @@ def iter_gguf_tensors(reader: GGUFReader, cfg: ModelConfig, path: str) -> Iterat
         if int(np.prod(shape)) != data.size:
             raise LoaderError(f"{path}: tensor {t.name!r} holds {data.size} values, shape says {shape}")
         tensor = torch.from_numpy(np.array(data, dtype=np.float32)).reshape(shape)  # owned copy
+        heads = None
         if cfg.arch in PERMUTED_QK_ARCHES:
             if name.endswith("q_proj.weight"):
-                tensor = unpermute_qk(tensor, cfg.num_heads)
+                heads = cfg.num_heads
             elif name.endswith("k_proj.weight"):
-                tensor = unpermute_qk(tensor, cfg.num_kv_heads)
+                heads = cfg.num_kv_heads
+        if heads is not None:
+            tensor = unpermute_qk(tensor, heads)
         yield name, tensor
+        if keep_q4 and t.tensor_type in Q4_TYPES and name.startswith("model.layers.") and len(shape) == 2:
+            q4 = q4_from_blocks(np.asarray(t.data), t.tensor_type, shape)
+            if heads is not None:
+                q4 = q4.rows(unpermute_qk(torch.arange(shape[0]).unsqueeze(1), heads).squeeze(1))
+            yield name + ".q4", q4
 
 
 def check_tensor_data(reader: GGUFReader, path: str) -> None:

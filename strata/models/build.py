@@ -29,7 +29,12 @@ def _device_of(name: str, layer_devices: list[torch.device]) -> torch.device:
 
 
 def build_model(
-    source: ModelSource, dtype: str, devices: Sequence[str], max_positions: int, progress: bool = True
+    source: ModelSource,
+    dtype: str,
+    devices: Sequence[str],
+    max_positions: int,
+    weight_mode: str = "dense",
+    progress: bool = True,
 ) -> LlamaModel:
     cfg = source.config
     layer_devices = split_layers(cfg.num_layers, devices)
@@ -37,7 +42,7 @@ def build_model(
     weights: dict[str, torch.Tensor] = {}
     bar = tqdm(total=source.num_tensors, desc="loading weights", unit="tensor", disable=not progress, leave=False)
     for name, tensor in source.tensors:
-        if name == "rope_freqs":
+        if name == "rope_freqs" or name.endswith(".q4"):
             weights[name] = tensor
         else:
             weights[name] = tensor.to(dtype=torch_dtype, device=_device_of(name, layer_devices))
@@ -52,6 +57,6 @@ def build_model(
         if name not in weights:
             raise LoaderError(f"{source.path}: tensor {name!r} is missing")
     try:
-        return LlamaModel(cfg, weights, torch_dtype, layer_devices, max_positions)
+        return LlamaModel(cfg, weights, torch_dtype, layer_devices, max_positions, weight_mode)
     except KeyError as exc:
         raise LoaderError(f"{source.path}: tensor {exc.args[0]!r} is missing") from exc

@@ -6,10 +6,12 @@ Hot-path classes are plain objects holding tensors (no nn.Module dispatch per ca
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
 
+from strata.loader.q4 import GROUP, Q4Weight, pack_for_cpu
 from strata.models.config import ModelConfig
 
 
@@ -22,21 +24,58 @@ class RMSNorm:
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
-class Linear:
-    """y = x W^T (+ b), W dense [out, in] in the compute dtype."""
+# Decode steps of up to this many rows use the 4-bit kernel when a projection has one;
+# larger batches (prompt pieces) use the dense weight, where matrix units do better.
+INT4_MAX_ROWS = 8
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+
+class Linear:
+    """y = x W^T (+ b): W dense [out, in] in the compute dtype, and/or 4-bit packed (CPU).
+
+    With both, steps of at most `INT4_MAX_ROWS` rows read the 4-bit copy (a quarter of
+    the bytes), longer ones the dense weight; with only the 4-bit copy, every step uses it.
+    """
+
+    def __init__(
+        self,
+        weight: torch.Tensor | None,
+        bias: torch.Tensor | None = None,
+        int4: tuple[torch.Tensor, torch.Tensor] | None = None,  # (packed codes, scales_and_zeros)
+    ):
+        assert weight is not None or int4 is not None
         self.weight = weight
         self.bias = bias
-        self.out_features = weight.shape[0]
+        self.int4 = int4
+        self.int4_max_rows = INT4_MAX_ROWS if weight is not None else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.int4 is not None and (self.int4_max_rows is None or x.shape[0] <= self.int4_max_rows):
+            packed, scales_and_zeros = self.int4
+            y = torch._weight_int4pack_mm_for_cpu(x, packed, GROUP, scales_and_zeros)
+            return y if self.bias is None else y + self.bias
         return F.linear(x, self.weight, self.bias)
 
     @property
     def num_bytes(self) -> int:
-        n = self.weight.numel() * self.weight.element_size()
-        return n + (0 if self.bias is None else self.bias.numel() * self.bias.element_size())
+        parts = [self.weight, self.bias] + (list(self.int4) if self.int4 else [])
+        return sum(t.numel() * t.element_size() for t in parts if t is not None)
+
+
+def fused_linear(
+    weights: Mapping[str, torch.Tensor | Q4Weight],
+    names: Sequence[str],
+    bias_names: Sequence[str] | None,
+    weight_mode: str,
+) -> Linear:
+    """One projection computing `names` side by side (q|k|v, gate|up); 4-bit where stored so."""
+    dense = [weights.get(n) for n in names]
+    q4 = [weights.get(n + ".q4") for n in names]
+    bias = torch.cat([weights[b] for b in bias_names]) if bias_names else None
+    int4 = None
+    if weight_mode != "dense" and all(q is not None for q in q4) and dense[0].device.type == "cpu":
+        int4 = pack_for_cpu(Q4Weight.cat(q4), dense[0].dtype)
+    weight = None if int4 is not None and weight_mode == "native" else torch.cat(dense)
+    return Linear(weight, bias, int4)
 
 
 def rope_inv_freq(cfg: ModelConfig, rope_freqs: torch.Tensor | None = None) -> torch.Tensor:

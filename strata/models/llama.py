@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from strata.kv.storage import KVStorage
 from strata.models.attention import AttentionMeta, attend
 from strata.models.config import ModelConfig
-from strata.models.layers import Linear, RMSNorm, Rotary, apply_rotary, rope_inv_freq
+from strata.models.layers import Linear, RMSNorm, Rotary, apply_rotary, fused_linear, rope_inv_freq
 
 
 def layer_name(i: int, suffix: str) -> str:
@@ -24,25 +24,22 @@ def layer_name(i: int, suffix: str) -> str:
 
 
 class DecoderLayer:
-    def __init__(self, cfg: ModelConfig, w: Mapping[str, torch.Tensor], i: int):
+    def __init__(self, cfg: ModelConfig, w: Mapping[str, torch.Tensor], i: int, weight_mode: str):
         def get(suffix: str) -> torch.Tensor:
             return w[layer_name(i, suffix)]
-
-        def get_opt(suffix: str) -> torch.Tensor | None:
-            return w.get(layer_name(i, suffix))
 
         self.cfg = cfg
         self.input_norm = RMSNorm(get("input_layernorm.weight"), cfg.rms_norm_eps)
         self.post_norm = RMSNorm(get("post_attention_layernorm.weight"), cfg.rms_norm_eps)
-        proj = ("q_proj", "k_proj", "v_proj")
-        qkv_w = torch.cat([get(f"self_attn.{p}.weight") for p in proj])
-        qkv_b = None
-        if cfg.attention_bias:
-            qkv_b = torch.cat([get(f"self_attn.{p}.bias") for p in proj])
-        self.qkv = Linear(qkv_w, qkv_b)
-        self.o = Linear(get("self_attn.o_proj.weight"), get_opt("self_attn.o_proj.bias"))
-        self.gate_up = Linear(torch.cat([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")]))
-        self.down = Linear(get("mlp.down_proj.weight"))
+        attn = [layer_name(i, f"self_attn.{p}_proj.weight") for p in "qkv"]
+        biases = [layer_name(i, f"self_attn.{p}_proj.bias") for p in "qkv"] if cfg.attention_bias else None
+        self.qkv = fused_linear(w, attn, biases, weight_mode)
+        o_bias = layer_name(i, "self_attn.o_proj.bias")
+        self.o = fused_linear(w, [layer_name(i, "self_attn.o_proj.weight")], [o_bias] if o_bias in w else None,
+                              weight_mode)
+        mlp = [layer_name(i, f"mlp.{p}_proj.weight") for p in ("gate", "up")]
+        self.gate_up = fused_linear(w, mlp, None, weight_mode)
+        self.down = fused_linear(w, [layer_name(i, "mlp.down_proj.weight")], None, weight_mode)
         self.q_norm = self.k_norm = None
         if cfg.qk_norm:
             self.q_norm = RMSNorm(get("self_attn.q_norm.weight"), cfg.rms_norm_eps)
@@ -82,14 +79,16 @@ class LlamaModel:
         dtype: torch.dtype,
         layer_devices: Sequence[torch.device],
         max_positions: int,
+        weight_mode: str = "dense",
     ):
-        """`weights`: Hugging Face names -> tensors already in `dtype` on their layer's device."""
+        """`weights`: Hugging Face names -> tensors already in `dtype` on their layer's device,
+        plus name + ".q4" -> Q4Weight for projections kept 4-bit (`weight_mode` auto/native)."""
         assert len(layer_devices) == cfg.num_layers
         self.cfg = cfg
         self.dtype = dtype
         self.layer_devices = list(layer_devices)
         self.embed = weights["model.embed_tokens.weight"]  # [vocab, hidden] on the first device
-        self.layers = [DecoderLayer(cfg, weights, i) for i in range(cfg.num_layers)]
+        self.layers = [DecoderLayer(cfg, weights, i, weight_mode) for i in range(cfg.num_layers)]
         self.norm = RMSNorm(weights["model.norm.weight"], cfg.rms_norm_eps)
         head = weights.get("lm_head.weight")
         if head is None:  # tied embeddings

@@ -1,0 +1,153 @@
+"""What a request asks of the sampler and the stop logic: `SamplingParams`.
+
+Validated once, at construction (the edge where user values enter); every bad value
+raises `RequestError` whose `param` names the field. Downstream code (sampler,
+detokenizer, scheduler) trusts a constructed `SamplingParams` without re-checking.
+
+Normalisations (so consumers see one spelling per meaning):
+- `stop`: a str, list or tuple (or None) becomes a tuple of str;
+- `stop_token_ids`: a list or tuple (or None) becomes a tuple of int;
+- `top_k`: -1 (OpenAI/vLLM's "off") becomes 0.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from strata.errors import RequestError
+
+MAX_TEMPERATURE = 100.0
+MAX_STOP_STRINGS = 16
+MAX_LOGPROBS = 20
+# Temperatures below this count as greedy: dividing logits by them overflows float32.
+GREEDY_TEMPERATURE = 1e-5
+
+
+def _is_int(value: Any) -> bool:
+    # bool is a subclass of int; `True` must not pass as 1.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_float(name: str, value: Any) -> float:
+    """A finite real number (int or float, never bool); returns it as float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise RequestError(f"{name} must be a number, got {value!r}", param=name)
+    if not math.isfinite(value):
+        raise RequestError(f"{name} must be finite, got {value!r}", param=name)
+    return float(value)
+
+
+def _check_optional_int(name: str, value: Any, low: int, high: int | None) -> None:
+    if value is None:
+        return
+    if not _is_int(value):
+        raise RequestError(f"{name} must be an integer or null, got {value!r}", param=name)
+    if value < low or (high is not None and value > high):
+        bounds = f">= {low}" if high is None else f"between {low} and {high}"
+        raise RequestError(f"{name} must be {bounds}, got {value}", param=name)
+
+
+def _normalise_stop(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    items = (value,) if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)):
+        raise RequestError(
+            f"stop must be a string or a list of strings, got {value!r}", param="stop"
+        )
+    if len(items) > MAX_STOP_STRINGS:
+        raise RequestError(
+            f"stop may hold at most {MAX_STOP_STRINGS} strings, got {len(items)}", param="stop"
+        )
+    for item in items:
+        if not isinstance(item, str):
+            raise RequestError(f"stop strings must be strings, got {item!r}", param="stop")
+        if not item:
+            raise RequestError("stop strings must not be empty", param="stop")
+    return tuple(items)
+
+
+def _normalise_stop_token_ids(value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, (list, tuple)):
+        raise RequestError(
+            f"stop_token_ids must be a list of integers, got {value!r}", param="stop_token_ids"
+        )
+    for item in value:
+        if not _is_int(item) or item < 0:
+            raise RequestError(
+                f"stop_token_ids must hold non-negative integers, got {item!r}",
+                param="stop_token_ids",
+            )
+    return tuple(value)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    # None: until EOS or the context is full; else at least 1 new token.
+    max_tokens: int | None = None
+    # 0 (or below GREEDY_TEMPERATURE) is greedy; at most MAX_TEMPERATURE.
+    temperature: float = 1.0
+    # 0 is off (-1 is accepted and becomes 0); else keep the k most likely tokens.
+    top_k: int = 0
+    # Nucleus: keep the smallest set of most likely tokens whose mass reaches top_p.
+    top_p: float = 1.0
+    # Drop tokens whose probability is below min_p times the most likely token's.
+    min_p: float = 0.0
+    # None: unseeded; any int otherwise (reduced modulo 2**64 by `make_generator`).
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    # None: no logprobs; else the chosen token's logprob plus this many alternatives.
+    logprobs: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_optional_int("max_tokens", self.max_tokens, 1, None)
+
+        temperature = _check_float("temperature", self.temperature)
+        if not 0.0 <= temperature <= MAX_TEMPERATURE:
+            raise RequestError(
+                f"temperature must be between 0 and {MAX_TEMPERATURE:g}, got {temperature:g}",
+                param="temperature",
+            )
+        object.__setattr__(self, "temperature", temperature)
+
+        if not _is_int(self.top_k):
+            raise RequestError(f"top_k must be an integer, got {self.top_k!r}", param="top_k")
+        if self.top_k < -1:
+            raise RequestError(
+                f"top_k must be -1 or 0 (off) or at least 1, got {self.top_k}", param="top_k"
+            )
+        object.__setattr__(self, "top_k", max(self.top_k, 0))
+
+        top_p = _check_float("top_p", self.top_p)
+        if not 0.0 < top_p <= 1.0:
+            raise RequestError(f"top_p must be in (0, 1], got {top_p:g}", param="top_p")
+        object.__setattr__(self, "top_p", top_p)
+
+        min_p = _check_float("min_p", self.min_p)
+        if not 0.0 <= min_p <= 1.0:
+            raise RequestError(f"min_p must be in [0, 1], got {min_p:g}", param="min_p")
+        object.__setattr__(self, "min_p", min_p)
+
+        if self.seed is not None and not _is_int(self.seed):
+            raise RequestError(f"seed must be an integer or null, got {self.seed!r}", param="seed")
+
+        object.__setattr__(self, "stop", _normalise_stop(self.stop))
+        object.__setattr__(self, "stop_token_ids", _normalise_stop_token_ids(self.stop_token_ids))
+
+        if not isinstance(self.ignore_eos, bool):
+            raise RequestError(
+                f"ignore_eos must be a boolean, got {self.ignore_eos!r}", param="ignore_eos"
+            )
+
+        _check_optional_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+
+    @property
+    def is_greedy(self) -> bool:
+        """Argmax decoding: temperature (near) 0, or top_k 1 (the same token set)."""
+        return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1

