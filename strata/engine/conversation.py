@@ -47,6 +47,7 @@ class Sequence:
     lane: int
     conv: Conversation
     num_cached: int  # prompt tokens whose K/V were reused, not computed
+    is_extension: bool = False  # it took over a cached conversation (which predates it)
     pending: int | None = None  # the last sampled token; its K/V is computed next step
     num_output: int = 0
 

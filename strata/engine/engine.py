@@ -179,6 +179,21 @@ class Engine:
         self.num_bytes_copied += num_bytes
         return num_bytes
 
+    def restore(self, token_ids: Sequence[int], checkpoints: Sequence[int] = (), lane: int | None = None):
+        """Hold a conversation of `token_ids` whose K/V the caller writes into its table next.
+
+        Session files and synthetic long contexts (benchmarks) come in this way. Raises
+        PoolFullError when the pool cannot hold it even after idle conversations gave way.
+        """
+        if not 0 < len(token_ids) <= self.max_context:
+            raise ContextLengthExceeded(len(token_ids), self.max_context)
+        conv = self.scheduler.restore(list(token_ids), list(checkpoints), lane)
+        if conv is None:
+            pool = self.layout.pool
+            need = -(-len(token_ids) // pool.chunk_size)
+            raise PoolFullError(need, pool.num_free, self.retry_after())
+        return conv
+
     def park(self, lane: int) -> None:
         """Take a lane's idle conversation out of the lane, keeping its K/V in the pool."""
         self.scheduler.park(lane)

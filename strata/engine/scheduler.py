@@ -1,11 +1,11 @@
 """The scheduler: admission, lanes, growth, eviction and truncation. Imports no torch.
 
-Every step it (1) admits waiting requests into free lanes (or refuses one the pool
-cannot hold), (2) grows the tables of decoding lanes by one cell, making room in the
+Every step it (1) grows the tables of decoding lanes by one cell, making room in the
 order DESIGN.md gives (idle conversations give way LRU first; then the youngest lane
-that cannot grow ends, truncated), and (3) lists the tokens each lane feeds: one per
-decoding lane, and prompt pieces of at most `prefill_chunk` tokens in all, so long
-prompts are read between decode steps.
+that cannot grow ends, truncated), (2) admits waiting requests into free lanes with
+the room left (or refuses one the pool cannot hold), and (3) lists the tokens each
+lane feeds: one per decoding lane, and prompt pieces of at most `prefill_chunk`
+tokens in all, so long prompts are read between decode steps.
 """
 
 from __future__ import annotations
@@ -13,7 +13,14 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from strata.engine.admission import AdmissionPlan, NoRoom, Reuse, choose_victims, plan_admission
+from strata.engine.admission import (
+    AdmissionPlan,
+    NoRoom,
+    Reuse,
+    choose_victims,
+    pick_lane,
+    plan_admission,
+)
 from strata.engine.cache import ConversationCache
 from strata.engine.conversation import Conversation, Lane, Sequence
 from strata.engine.plan import Admission, LaneWork, PoolCounters, Refusal, StepPlan
@@ -64,7 +71,11 @@ class Scheduler:
         self.cache.touch(seq.conv)
 
     def abort(self, request_id: str) -> bool:
-        """Cancel a waiting or running request; a running one gives its chunks back."""
+        """Cancel a waiting or running request; a running one gives its chunks back.
+
+        A follow-up that extended a cached conversation gives back only what it added:
+        the conversation is cut back to where the request found it and stays cached.
+        """
         for item in self.waiting:
             if item[0] == request_id:
                 self.waiting.remove(item)
@@ -73,7 +84,15 @@ class Scheduler:
         if seq is None:
             return False
         self.lanes[seq.lane].seq = None
-        self._drop(seq.conv)
+        conv = seq.conv
+        if seq.is_extension and self.layout.num_chunks_to_truncate(conv.table, seq.num_cached) == 0:
+            copies = self.layout.truncate(conv.table, seq.num_cached)
+            assert not copies
+            conv.cut(seq.num_cached)
+            conv.is_active = False
+            self.cache.touch(conv)
+        else:
+            self._drop(conv)
         return True
 
     # ---- one step -------------------------------------------------------------------
@@ -81,6 +100,9 @@ class Scheduler:
         copies: list[CellCopy] = []
         admitted: list[Admission] = []
         refused: list[Refusal] = []
+        # Decoding lanes grow first: a new request is refused (or waits) before it can take
+        # the room a running lane needs this step and end it (DESIGN.md: pool full order).
+        truncated = self._grow_decoding()
         while self.waiting:
             request_id, prompt_ids = self.waiting[0]
             plan = plan_admission(prompt_ids, self.lanes, self.cache, self.layout)
@@ -93,7 +115,6 @@ class Scheduler:
                 continue
             copies += self._admit(request_id, prompt_ids, plan)
             admitted.append(Admission(request_id, plan.lane, plan.num_cached))
-        truncated = self._grow_decoding()
         return StepPlan(tuple(copies), self._build_work(), tuple(admitted), tuple(refused), truncated)
 
     def _admit(self, request_id: str, prompt_ids: list[int], plan: AdmissionPlan) -> list[CellCopy]:
@@ -126,7 +147,8 @@ class Scheduler:
         self.cache.touch(conv)
         lane.conv = conv
         self._num_admitted += 1
-        seq = Sequence(request_id, prompt_ids, self._num_admitted, lane.index, conv, plan.num_cached)
+        seq = Sequence(request_id, prompt_ids, self._num_admitted, lane.index, conv, plan.num_cached,
+                       is_extension=plan.reuse is Reuse.EXTEND)
         lane.seq = seq
         self.seqs[request_id] = seq
         self.counters.num_cached_tokens += plan.num_cached
@@ -188,11 +210,45 @@ class Scheduler:
             raise ValueError(f"lane {src_lane} holds no idle conversation")
         if dst.is_busy:
             raise ValueError(f"lane {dst_lane} is busy")
+        if src_lane == dst_lane:
+            return []  # already there (displacing dst would take the conversation itself out)
         if dst.conv is not None:
             self._displace(dst)
         copies = self._place(src.conv, dst_lane)
         self.counters.num_cells_copied += sum(c.num_cells for c in copies)
         return copies
+
+    def restore(self, token_ids: list[int], checkpoints: list[int], lane_index: int | None = None) -> Conversation | None:
+        """Hold a conversation whose K/V the caller writes next (session files, synthetic K/V).
+
+        It goes into `lane_index` (displacing an idle conversation), or is parked without a
+        lane (pooled only; reserved picks a lane). Idle conversations give way as for a new
+        request; None when even that leaves no room (nothing is changed then).
+        """
+        n = len(token_ids)
+        assert 0 < n <= self.max_context
+        if lane_index is None and not self.layout.is_pooled:
+            lane = pick_lane(self.lanes)
+            lane_index = None if lane is None else lane.index
+            if lane_index is None:
+                return None
+        if lane_index is not None and self.lanes[lane_index].is_busy:
+            raise ValueError(f"lane {lane_index} is busy")
+        need = self.layout.num_chunks_to_grow_from(0, n)
+        victims = choose_victims(self.cache, self.layout, need - self.layout.pool.num_free)
+        if victims is None:
+            return None
+        self._evict(victims)
+        if lane_index is not None and self.lanes[lane_index].conv is not None:
+            self._displace(self.lanes[lane_index])
+        table = self.layout.new_table(lane_index if lane_index is not None else -1)
+        self.layout.grow(table, n)
+        table.num_cells = n
+        conv = Conversation(self.cache.new_id(), table, list(token_ids), sorted(set(checkpoints)), lane_index)
+        self.cache.add(conv)
+        if lane_index is not None:
+            self.lanes[lane_index].conv = conv
+        return conv
 
     def park(self, lane_index: int) -> None:
         """Take the idle conversation out of its lane, keeping its K/V in the pool.

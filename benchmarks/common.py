@@ -1,0 +1,82 @@
+"""Shared benchmark plumbing: arms in child processes, interleaved rounds, medians, tables."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident set size (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def rss_mib() -> float:
+    """This process's resident set size now."""
+    import psutil
+
+    return psutil.Process().memory_info().rss / 2**20
+
+
+def available_mib() -> float:
+    """The host's MemAvailable now (what a new allocation can take without swapping)."""
+    import psutil
+
+    return psutil.virtual_memory().available / 2**20
+
+
+def run_arm(script: str, arm: str, args: Sequence[str], timeout: float = 1800) -> dict:
+    """Runs `script --arm ARM ...` in a fresh interpreter; its last stdout line is a JSON dict."""
+    cmd = [sys.executable, script, "--arm", arm, *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"arm {arm} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def interleaved(arms: Sequence[str], rounds: int, run: Callable[[str], dict]) -> dict[str, list[dict]]:
+    """Round-robin the arms `rounds` times so drift on a shared machine hits every arm alike."""
+    results: dict[str, list[dict]] = {a: [] for a in arms}
+    for r in range(rounds):
+        for arm in arms:
+            t = time.perf_counter()
+            results[arm].append(run(arm))
+            print(f"  round {r + 1}/{rounds} {arm}: {time.perf_counter() - t:.0f} s", file=sys.stderr)
+    return results
+
+
+def medians(rows: list[dict]) -> dict[str, float]:
+    keys = [k for k, v in rows[0].items() if isinstance(v, (int, float))]
+    return {k: statistics.median(r[k] for r in rows) for k in keys}
+
+
+def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence]) -> str:
+    widths = [max(len(str(c)), *(len(_fmt(r[i])) for r in rows)) for i, c in enumerate(columns)]
+    lines = [title, " | ".join(str(c).ljust(w) for c, w in zip(columns, widths)),
+             "-|-".join("-" * w for w in widths)]
+    lines += [" | ".join(_fmt(v).ljust(w) for v, w in zip(r, widths)) for r in rows]
+    text = "\n".join(lines)
+    print(text)
+    return text
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:,.2f}" if abs(v) < 100 else f"{v:,.1f}"
+    return str(v)
+
+
+def write_json(name: str, payload: dict) -> str:
+    os.makedirs(RESULTS_DIR, exist_ok=True)
+    path = os.path.join(RESULTS_DIR, name)
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=2)
+    return path

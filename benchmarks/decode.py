@@ -1,0 +1,197 @@
+"""Prefill and decode speed on the default model: strata vs transformers (vs llama.cpp).
+
+Each arm runs in its own interpreter (so load time and peak RSS are its own), arms are
+interleaved over several rounds, and the table reports medians and strata's ratio to
+each peer. Same weights (the SmolLM2-135M-Instruct Q4_1 GGUF), same dtype (bf16
+compute), same thread count, a 512-token prompt.
+
+    python benchmarks/decode.py [--rounds 3] [--new 128] [--threads 2]
+
+llama.cpp runs when `llama_cpp` (llama-cpp-python, the optional `llamacpp` extra) is
+importable; its high-level API decodes one sequence, so its 8-lane column is left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.common import interleaved, medians, peak_rss_mib, print_table, run_arm, write_json
+
+PARAGRAPH = (
+    "The lighthouse keeper climbed the spiral stairs each evening, counting the steps as his father "
+    "had taught him, and watched the ships pass beyond the reef while the gulls settled on the rocks. "
+)
+LANES = 8
+
+
+def prompt_ids(tokenizer, n: int, variant: int) -> list[int]:
+    ids = tokenizer.encode(f"Story {variant}. " + PARAGRAPH * 40)
+    return ids[:n]
+
+
+def arm_strata(args) -> dict:
+    import torch
+
+    from strata.config import EngineConfig
+    from strata.engine.engine import Engine
+    from strata.sampling import SamplingParams
+
+    torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    engine = Engine(EngineConfig(dtype="bfloat16", weights=args.weights, max_context=args.prompt + args.new + 8,
+                                 batch=LANES - 1, prefill_chunk=args.prompt, threads=args.threads), progress=False)
+    load_s = time.perf_counter() - t0
+    tok = engine.tokenizer
+
+    def run(prompts, max_tokens):
+        """Seconds to the last lane's first token, and from there to the end."""
+        params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+        engine.scheduler.clear_cache()
+        ids = {engine.add_request(p, params) for p in prompts}
+        started = set()
+        t = time.perf_counter()
+        t_first = None
+        while engine.has_work:
+            for out in engine.step():
+                if out.new_token_ids:
+                    started.add(out.request_id)
+            if t_first is None and started == ids:
+                t_first = time.perf_counter()
+        return t_first - t, time.perf_counter() - t_first
+
+    run([prompt_ids(tok, 64, 99)], 4)  # warm-up
+    prefill_s = min(run([prompt_ids(tok, args.prompt, v)], 1)[0] for v in range(3))
+    _, dec1 = run([prompt_ids(tok, args.prompt, 10)], args.new + 1)
+    _, dec8 = run([prompt_ids(tok, args.prompt, 20 + i) for i in range(LANES)], args.new + 1)
+    return {
+        "load_s": load_s,
+        "prefill_tok_s": args.prompt / prefill_s,
+        "decode_tok_s": args.new / dec1,
+        "decode8_tok_s": LANES * args.new / dec8,
+        "peak_rss_mib": peak_rss_mib(),
+    }
+
+
+def arm_transformers(args) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from strata.loader import open_model
+    from strata.loader.default import default_model_path
+
+    torch.set_num_threads(args.threads)
+    path = default_model_path()
+    tok = open_model(path).tokenizer
+    t0 = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.bfloat16
+    ).eval()
+    load_s = time.perf_counter() - t0
+
+    def gen(batch: list[list[int]], new: int) -> float:
+        x = torch.tensor(batch)
+        t = time.perf_counter()
+        with torch.inference_mode():
+            model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new, min_new_tokens=new,
+                           do_sample=False, cache_implementation="static", pad_token_id=2)
+        return time.perf_counter() - t
+
+    gen([prompt_ids(tok, 64, 99)], 4)  # warm-up
+    prefill_s = min(gen([prompt_ids(tok, args.prompt, v)], 1) for v in range(3))
+    one = [prompt_ids(tok, args.prompt, 10)]
+    dec1 = gen(one, args.new + 1) - gen(one, 1)
+    eight = [prompt_ids(tok, args.prompt, 20 + i) for i in range(LANES)]
+    dec8 = gen(eight, args.new + 1) - gen(eight, 1)
+    return {
+        "load_s": load_s,
+        "prefill_tok_s": args.prompt / prefill_s,
+        "decode_tok_s": args.new / dec1,
+        "decode8_tok_s": LANES * args.new / dec8,
+        "peak_rss_mib": peak_rss_mib(),
+    }
+
+
+def arm_llamacpp(args) -> dict:
+    from llama_cpp import Llama
+
+    from strata.loader import open_model
+    from strata.loader.default import default_model_path
+
+    path = default_model_path()
+    tok = open_model(path).tokenizer
+    t0 = time.perf_counter()
+    llm = Llama(model_path=path, n_ctx=args.prompt + args.new + 8, n_threads=args.threads,
+                n_threads_batch=args.threads, n_batch=args.prompt, verbose=False)
+    load_s = time.perf_counter() - t0
+
+    def prefill(ids) -> float:
+        llm.reset()
+        t = time.perf_counter()
+        llm.eval(ids)
+        return time.perf_counter() - t
+
+    prefill(prompt_ids(tok, 64, 99))
+    prefill_s = min(prefill(prompt_ids(tok, args.prompt, v)) for v in range(3))
+    prefill(prompt_ids(tok, args.prompt, 10))
+    t = time.perf_counter()
+    for i, _ in enumerate(llm.generate([], temp=0.0, reset=False)):
+        if i + 1 >= args.new:
+            break
+    dec1 = time.perf_counter() - t
+    return {
+        "load_s": load_s,
+        "prefill_tok_s": args.prompt / prefill_s,
+        "decode_tok_s": args.new / dec1,
+        "decode8_tok_s": float("nan"),
+        "peak_rss_mib": peak_rss_mib(),
+    }
+
+
+ARMS = {"strata": arm_strata, "transformers": arm_transformers, "llama.cpp": arm_llamacpp}
+METRICS = ["prefill_tok_s", "decode_tok_s", "decode8_tok_s", "load_s", "peak_rss_mib"]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--arm", choices=sorted(ARMS))
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--prompt", type=int, default=512)
+    p.add_argument("--new", type=int, default=128)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--weights", default="auto", help="strata's --weights")
+    args = p.parse_args()
+    if args.arm:
+        print(json.dumps(ARMS[args.arm](args)))
+        return
+    arms = ["strata", "transformers"]
+    try:
+        import llama_cpp  # noqa: F401
+
+        arms.append("llama.cpp")
+    except ImportError:
+        print("llama.cpp: llama-cpp-python is not installed; its arm is left out", file=sys.stderr)
+    passthrough = ["--prompt", str(args.prompt), "--new", str(args.new), "--threads", str(args.threads),
+                   "--weights", args.weights]
+    raw = interleaved(arms, args.rounds, lambda arm: run_arm(__file__, arm, passthrough))
+    med = {arm: medians(rows) for arm, rows in raw.items()}
+    rows = [[arm] + [med[arm][m] for m in METRICS] for arm in arms]
+    for peer in arms[1:]:
+        rows.append([f"strata / {peer}"] + [med["strata"][m] / med[peer][m] for m in METRICS])
+    table = print_table(
+        f"decode benchmark: {args.prompt}-token prompt, {args.new} new tokens, {args.threads} threads, "
+        f"bf16, median of {args.rounds} interleaved rounds",
+        ["arm", "prefill tok/s", "decode tok/s (1 lane)", f"decode tok/s ({LANES} lanes)", "load s", "peak RSS MiB"],
+        rows,
+    )
+    path = write_json("decode.json", {"args": vars(args), "raw": raw, "median": med, "table": table})
+    print(f"raw numbers: {path}")
+
+
+if __name__ == "__main__":
+    main()

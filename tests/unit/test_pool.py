@@ -1,0 +1,151 @@
+"""KVPool: the only code that hands out, shares and frees chunk ids (no torch)."""
+
+from __future__ import annotations
+
+import pytest
+
+from strata.kv.pool import KVPool
+
+
+def test_new_pool_is_all_free():
+    pool = KVPool(5, 4)
+    assert (pool.num_total, pool.num_free, pool.num_held, pool.chunk_size) == (5, 5, 0, 4)
+    assert pool.num_cells_total == 20
+    assert [pool.refcount(i) for i in range(5)] == [0, 0, 0, 0, 0]
+    pool.check()
+
+
+@pytest.mark.parametrize("num_chunks, chunk_size", [(0, 4), (4, 0), (-1, 4)])
+def test_empty_pool_is_an_error(num_chunks, chunk_size):
+    with pytest.raises(ValueError):
+        KVPool(num_chunks, chunk_size)
+
+
+def test_allocation_is_lowest_id_first():
+    pool = KVPool(6, 4)
+    assert pool.allocate(3) == [0, 1, 2]
+    assert pool.allocate(1) == [3]
+    assert pool.release([2, 0]) == 2
+    # the freed ids come back lowest first, before the never-used ones
+    assert pool.allocate(1) == [0]
+    assert pool.allocate(3) == [2, 4, 5]
+    assert pool.num_free == 0 and pool.num_held == 6
+    pool.check()
+
+
+def test_allocate_sets_refcount_one_and_counts():
+    pool = KVPool(4, 2)
+    ids = pool.allocate(2)
+    assert [pool.refcount(i) for i in range(4)] == [1, 1, 0, 0]
+    assert (pool.num_held, pool.num_free) == (2, 2)
+    assert not pool.is_shared(ids[0])
+    assert pool.can_allocate(2) and not pool.can_allocate(3)
+    pool.check()
+
+
+def test_allocate_past_free_asserts():
+    pool = KVPool(2, 4)
+    pool.allocate(1)
+    with pytest.raises(AssertionError):
+        pool.allocate(2)
+
+
+def test_share_and_release_refcounts():
+    pool = KVPool(4, 4)
+    assert pool.allocate(2) == [0, 1]
+    pool.share([0])
+    pool.share([0, 1])
+    assert (pool.refcount(0), pool.refcount(1)) == (3, 2)
+    assert pool.is_shared(0) and pool.is_shared(1)
+    assert (pool.num_held, pool.num_free) == (2, 2)  # sharing takes no new chunk
+
+    assert pool.release([0, 1]) == 0
+    assert (pool.refcount(0), pool.refcount(1)) == (2, 1)
+    assert not pool.is_shared(1)
+    assert pool.release([1]) == 1
+    assert pool.refcount(1) == 0 and pool.num_free == 3
+    assert pool.release([0, 0]) == 1  # a duplicate in one call drops two holders
+    assert pool.refcount(0) == 0
+    assert (pool.num_held, pool.num_free) == (0, 4)
+    pool.check()
+
+
+def test_num_freed_by_release_counts_duplicates_and_shared_chunks():
+    pool = KVPool(6, 4)
+    assert pool.allocate(4) == [0, 1, 2, 3]
+    pool.share([0, 1])  # 0 and 1 have two holders, 2 and 3 one
+    before = [pool.refcount(i) for i in range(6)]
+
+    assert pool.num_freed_by_release([]) == 0
+    assert pool.num_freed_by_release([2]) == 1
+    assert pool.num_freed_by_release([0]) == 0  # still held by its other holder
+    assert pool.num_freed_by_release([0, 0]) == 1  # both holders go
+    assert pool.num_freed_by_release([0, 2, 3]) == 2
+    assert pool.num_freed_by_release([0, 1, 0, 2, 1]) == 3  # two tables sharing 0 and 1, plus 2
+    assert pool.num_freed_by_release([0, 1, 2, 3]) == 2
+    # nothing changed
+    assert [pool.refcount(i) for i in range(6)] == before
+    assert (pool.num_held, pool.num_free) == (4, 2)
+    # and it agrees with what release actually does
+    assert pool.release([0, 1, 0, 2, 1]) == 3
+    pool.check()
+
+
+def test_release_of_a_free_chunk_asserts():
+    pool = KVPool(3, 4)
+    pool.allocate(1)
+    with pytest.raises(AssertionError, match="release of free chunk 2"):
+        pool.release([2])
+    assert pool.release([0]) == 1
+    with pytest.raises(AssertionError, match="release of free chunk 0"):
+        pool.release([0])
+
+
+def test_release_more_holders_than_there_are_asserts():
+    pool = KVPool(3, 4)
+    pool.allocate(1)
+    with pytest.raises(AssertionError):
+        pool.release([0, 0])
+
+
+def test_share_of_a_free_chunk_asserts():
+    pool = KVPool(3, 4)
+    with pytest.raises(AssertionError, match="share of free chunk 1"):
+        pool.share([1])
+
+
+def test_check_catches_corruption():
+    pool = KVPool(4, 4)
+    pool.allocate(2)
+    pool.check()
+
+    bad = KVPool(4, 4)
+    bad.allocate(2)
+    bad._refcounts[3] = 1  # held behind the pool's back: still on the free list
+    with pytest.raises(AssertionError):
+        bad.check()
+
+    bad = KVPool(4, 4)
+    bad.allocate(2)
+    bad.num_held = 1  # counted wrong
+    with pytest.raises(AssertionError):
+        bad.check()
+
+    bad = KVPool(4, 4)
+    bad.allocate(2)
+    bad._refcounts[0] = 0  # freed without going back on the free list
+    with pytest.raises(AssertionError):
+        bad.check()
+
+
+def test_free_plus_held_is_total_through_a_sequence():
+    pool = KVPool(8, 2)
+    a = pool.allocate(3)
+    b = pool.allocate(2)
+    pool.share(a[:2])
+    for ids in (a, b[:1], a[:2], b[1:]):
+        pool.release(ids)
+        assert pool.num_free + pool.num_held == pool.num_total
+        pool.check()
+    assert pool.num_free == 8
+    assert pool.allocate(8) == list(range(8))
