@@ -36,6 +36,10 @@ class EngineConfig:
     memory_guard_mib: int = DEFAULT_MEMORY_GUARD_MIB
 
     def __post_init__(self) -> None:
+        if isinstance(self.devices, str):  # "cpu,cpu" as typed on the command line
+            object.__setattr__(self, "devices", parse_devices(self.devices))
+        elif isinstance(self.devices, list):
+            object.__setattr__(self, "devices", tuple(self.devices))
         validate(self)
 
     @property

@@ -35,7 +35,7 @@ def _fingerprint(path: str, config: ModelConfig) -> str:
     )
     for f in files:
         st = os.stat(f)
-        h.update(f"{os.path.basename(f)}:{st.st_size}".encode())
+        h.update(str(st.st_size).encode())  # the weights, not the file's name
         with open(f, "rb") as fh:
             h.update(fh.read(1 << 16))
     return h.hexdigest()[:16]

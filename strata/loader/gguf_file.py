@@ -60,11 +60,32 @@ LAYER_NAMES = {
 PERMUTED_QK_ARCHES = frozenset({"llama", "mistral"})
 
 
+class _PastEnd(Exception):
+    def __init__(self, end: int):
+        super().__init__(end)
+        self.end = end
+
+
+class _Reader(GGUFReader):
+    """GGUFReader that stops at a read past the end of the file: gguf-py slices its memory
+    map short there and fails later with an unrelated numpy error."""
+
+    def _get(self, offset, dtype, count=1, override_order=None):
+        end = int(offset) + np.dtype(dtype).itemsize * int(count)
+        if end > len(self.data):
+            raise _PastEnd(end)
+        return super()._get(offset, dtype, count, override_order)
+
+
 def open_gguf(path: str) -> GGUFReader:
     if not os.path.isfile(path):
         raise LoaderError(f"model file not found: {path}")
     try:
-        return GGUFReader(path, "r")
+        return _Reader(path, "r")
+    except _PastEnd as exc:
+        raise LoaderError(
+            f"{path} is truncated: reading it needs {exc.end} bytes, the file has {os.path.getsize(path)}"
+        ) from exc
     except Exception as exc:  # gguf raises ValueError, struct/numpy errors on bad files
         raise LoaderError(f"{path} is not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
 

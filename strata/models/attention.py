@@ -24,8 +24,9 @@ class DecodeRows:
 
     num_rows: int
     max_cells: int
-    cell_index: torch.Tensor  # [rows * max_cells] flat cells to read (padding reads cell 0)
+    cell_index: torch.Tensor | None  # [rows * max_cells] flat cells to read (padding reads cell 0)
     bias: torch.Tensor | None  # [rows, 1, max_cells] float32, -inf on padding; None: no padding
+    cell_slice: slice | None = None  # one row whose cells are contiguous: read them in place
 
 
 @dataclass(frozen=True)
@@ -88,8 +89,12 @@ def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, d: De
     rows, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[0]
     group = num_heads // num_kv_heads
-    k = k_cache.index_select(1, d.cell_index).view(num_kv_heads, rows, d.max_cells, head_dim)
-    v = v_cache.index_select(1, d.cell_index).view(num_kv_heads, rows, d.max_cells, head_dim)
+    if d.cell_slice is not None:
+        k = k_cache[:, d.cell_slice].unsqueeze(1)  # [kvh, 1, cells, dim], a view
+        v = v_cache[:, d.cell_slice].unsqueeze(1)
+    else:
+        k = k_cache.index_select(1, d.cell_index).view(num_kv_heads, rows, d.max_cells, head_dim)
+        v = v_cache.index_select(1, d.cell_index).view(num_kv_heads, rows, d.max_cells, head_dim)
     qg = (q * head_dim**-0.5).view(rows, num_kv_heads, group, head_dim).transpose(0, 1)  # [kvh, rows, g, dim]
     scores = torch.matmul(qg, k.to(q.dtype).transpose(-1, -2)).float()  # [kvh, rows, g, cells]
     if d.bias is not None:

@@ -60,12 +60,13 @@ class DecoderLayer:
         t = x.shape[0]
         qkv = self.qkv(self.input_norm(x))
         q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
-        q = q.view(t, cfg.num_heads, cfg.head_dim)
-        k = k.view(t, cfg.num_kv_heads, cfg.head_dim)
         v = v.view(t, cfg.num_kv_heads, cfg.head_dim)
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+            q = apply_rotary(self.q_norm(q.view(t, cfg.num_heads, cfg.head_dim)), cos, sin)
+            k = apply_rotary(self.k_norm(k.view(t, cfg.num_kv_heads, cfg.head_dim)), cos, sin)
+        else:  # q and k side by side: one rotation for both
+            qk = apply_rotary(qkv[:, : self.q_size + self.kv_size].view(t, -1, cfg.head_dim), cos, sin)
+            q, k = qk[:, : cfg.num_heads], qk[:, cfg.num_heads :]
         x = x + self.o(attend(q, k, v, k_cache, v_cache, meta))
         gate, up = self.gate_up(self.post_norm(x)).chunk(2, dim=-1)
         return x + self.down(F.silu(gate) * up)

@@ -49,7 +49,9 @@ def build_inputs(work: Sequence[LaneWork], chunk_size: int) -> StepInputs:
         writes.append(_cells(w.chunk_ids, w.start, w.num_cells, chunk_size))
 
     decode_rows = None
-    if decode:
+    if len(decode) == 1 and (one := _contiguous(decode[0].chunk_ids, decode[0].num_cells, chunk_size)):
+        decode_rows = DecodeRows(1, decode[0].num_cells, None, None, one)
+    elif decode:
         lens = [w.num_cells for w in decode]
         max_cells = max(lens)
         index = torch.zeros(len(decode), max_cells, dtype=torch.long)
@@ -100,7 +102,7 @@ def meta_to(meta: AttentionMeta, device: torch.device) -> AttentionMeta:
         return None if t is None else t.to(device, non_blocking=True)
 
     d = meta.decode
-    decode = None if d is None else DecodeRows(d.num_rows, d.max_cells, mv(d.cell_index), mv(d.bias))
+    decode = None if d is None else DecodeRows(d.num_rows, d.max_cells, mv(d.cell_index), mv(d.bias), d.cell_slice)
     prefills = tuple(
         PrefillRows(p.row_start, p.row_end, p.num_cells, p.cell_slice, mv(p.cell_index), mv(p.mask))
         for p in meta.prefills
