@@ -18,9 +18,13 @@ from strata.config import (
     EngineConfig,
     parse_devices,
 )
-from strata.errors import ConfigError, StrataError
+from strata.errors import ConfigError, RequestError, StrataError
 
 MIB = 1 << 20
+SAMPLING_FLAGS = {
+    "max_tokens": "--max-new", "temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p",
+    "min_p": "--min-p", "seed": "--seed", "stop": "--stop",
+}
 
 
 def add_engine_args(p: argparse.ArgumentParser, default_batch: int = 0) -> None:
@@ -73,15 +77,21 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise ConfigError("--prompt is required (or --messages FILE)")
     if args.raw and args.prompt is None:
         raise ConfigError("--raw needs --prompt")
-    params = SamplingParams(
-        max_tokens=args.max_new, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-        min_p=args.min_p, seed=args.seed, stop=tuple(args.stop or ()), ignore_eos=args.ignore_eos,
-    )
+    if not args.messages and args.prompt == "":
+        raise ConfigError("--prompt is empty: give the text to answer (or --messages FILE)")
+    try:
+        params = SamplingParams(
+            max_tokens=args.max_new, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+            min_p=args.min_p, seed=args.seed, stop=tuple(args.stop or ()), ignore_eos=args.ignore_eos,
+        )
+    except RequestError as exc:  # name the flag the user typed, not the API field
+        flag = SAMPLING_FLAGS.get(exc.param or "", exc.param)
+        raise ConfigError(f"{flag}: {exc}") from exc
     config = engine_config(args)
+    messages = _messages(args)  # a bad --messages file is a flag error: before the model loads
     t0 = time.perf_counter()
     engine = Engine(config, progress=sys.stderr.isatty())
     load_s = time.perf_counter() - t0
-    messages = _messages(args)
     prompt = args.prompt if messages is None else engine.tokenizer.encode_chat(messages)
     request_id = engine.add_request(prompt, params)
     num_prompt = len(engine.requests[request_id].prompt_ids)
@@ -139,12 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="print one JSON result instead of streaming text")
     add_engine_args(g)
     g.set_defaults(func=cmd_generate)
-    try:
-        from strata.server.cli import add_serve_parser
-    except ImportError:  # the server package is optional at this layer
-        add_serve_parser = None
-    if add_serve_parser is not None:
-        add_serve_parser(sub, add_engine_args)
+    from strata.server.cli import add_serve_parser
+
+    add_serve_parser(sub, add_engine_args)
     return p
 
 

@@ -1,0 +1,70 @@
+"""The app factory: one FastAPI app, one engine loop, one metrics registry; no globals."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import anyio
+from fastapi import FastAPI
+
+from strata import __version__
+from strata.engine.engine import Engine
+from strata.server import requests
+from strata.server.engine_loop import EngineLoop
+from strata.server.errors import install_handlers
+from strata.server.metrics import ServerMetrics
+from strata.server.middleware import CountRequests, JsonBodies, LimitBody, RequireApiKey
+from strata.server.routes import ServerState, router
+from strata.server.settings import ServerSettings
+
+DESCRIPTION = f"""OpenAI-compatible API over strata's lanes and shared KV pool.
+
+Besides OpenAI's fields, responses carry `timings` (llama.cpp's names) and `truncated`
+on a choice the KV pool could not grow. A full pool at admission is a 503 `kv_pool_full`
+with `Retry-After`.
+
+Request fields:
+
+{requests.FIELD_POLICY}"""
+
+
+def create_app(
+    settings: ServerSettings,
+    load_engine: Callable[[], Engine],
+    model_id: str,
+    on_load_error: Callable[[BaseException], None] | None = None,
+) -> FastAPI:
+    """`load_engine` runs on the engine thread when the app starts; /health is 503 until it returns."""
+    metrics = ServerMetrics()
+    loop = EngineLoop(load_engine, model_id, metrics, settings.max_waiting, on_load_error)
+    metrics.add_pool(lambda: loop.snapshot)
+    state = ServerState(
+        settings=settings, loop=loop, metrics=metrics, model_id=model_id, created=int(time.time())
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        loop.start(asyncio.get_running_loop())
+        try:
+            yield
+        finally:
+            await anyio.to_thread.run_sync(loop.stop)
+
+    app = FastAPI(
+        title="strata",
+        version=__version__,
+        description=DESCRIPTION,
+        lifespan=lifespan,
+    )
+    app.state.strata = state
+    install_handlers(app)
+    app.include_router(router)
+    # add_middleware wraps: the last added runs first.
+    app.add_middleware(JsonBodies)
+    app.add_middleware(LimitBody, limit=settings.max_body_bytes)
+    app.add_middleware(RequireApiKey, api_key=settings.api_key)
+    app.add_middleware(CountRequests, metrics=metrics)
+    return app

@@ -1,0 +1,134 @@
+"""`strata serve`: the OpenAI-compatible server on uvicorn.
+
+The port opens at once and the model loads on the engine thread, so /health answers 503
+while loading; if loading fails the server stops and the command exits with status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import sys
+from collections.abc import Callable
+
+from strata.server.settings import (
+    DEFAULT_HOST,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_WAITING,
+    DEFAULT_PORT,
+    DEFAULT_SSE_KEEPALIVE_S,
+    ServerSettings,
+    model_id,
+)
+
+log = logging.getLogger("strata.server")
+SERVE_DEFAULT_BATCH = 3
+
+
+def add_serve_parser(
+    subparsers: argparse._SubParsersAction, add_engine_args: Callable[..., None]
+) -> None:
+    s = subparsers.add_parser("serve", help="serve an OpenAI-compatible HTTP API")
+    g = s.add_argument_group("server")
+    g.add_argument(
+        "--host",
+        default=DEFAULT_HOST,
+        help=f"address to bind (default {DEFAULT_HOST}: this machine only)",
+    )
+    g.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help=f"port to bind (default {DEFAULT_PORT})"
+    )
+    g.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' on every route but /health",
+    )
+    g.add_argument(
+        "--max-waiting",
+        type=int,
+        default=DEFAULT_MAX_WAITING,
+        help="requests that may wait for a lane; more is a 503 with Retry-After",
+    )
+    g.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=DEFAULT_MAX_BODY_BYTES,
+        help="largest request body (413 beyond)",
+    )
+    g.add_argument(
+        "--model-alias",
+        default=None,
+        help="the model id clients send (default: the model file's name)",
+    )
+    g.add_argument(
+        "--sse-keepalive",
+        type=float,
+        default=DEFAULT_SSE_KEEPALIVE_S,
+        help="seconds between SSE keep-alive comments; a stream waiting this long for a lane starts",
+    )
+    add_engine_args(s, default_batch=SERVE_DEFAULT_BATCH)
+    s.set_defaults(func=cmd_serve)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    # strata.cli imports this module, so its names are imported here, not at the top.
+    import uvicorn
+
+    from strata.cli import engine_config
+    from strata.engine.engine import Engine
+    from strata.server.app import create_app
+
+    config = engine_config(args)  # a bad engine flag fails here, before the port opens
+    settings = ServerSettings(
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key,
+        max_waiting=args.max_waiting,
+        max_body_bytes=args.max_body_bytes,
+        model_alias=args.model_alias,
+        sse_keepalive_s=args.sse_keepalive,
+    )
+    if not _is_loopback(settings.host) and settings.api_key is None:
+        log.warning(
+            "serving on %s without --api-key: anyone who can reach it can use it", settings.host
+        )
+    name = model_id(config.model, settings.model_alias)
+    failures: list[BaseException] = []
+    server: uvicorn.Server | None = None
+
+    def on_load_error(exc: BaseException) -> None:
+        failures.append(exc)
+        if server is not None:
+            server.should_exit = True
+
+    app = create_app(
+        settings, lambda: Engine(config, progress=sys.stderr.isatty()), name, on_load_error
+    )
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=settings.host,
+            port=settings.port,
+            log_level="info" if args.verbose else "warning",
+            timeout_graceful_shutdown=5,
+        )
+    )
+    print(
+        f"strata: serving {name} at http://{settings.host}:{settings.port}/v1 (loading the model)",
+        file=sys.stderr,
+    )
+    server.run()
+    if failures:
+        print(f"strata: error: the model failed to load: {failures[0]}", file=sys.stderr)
+        return 1
+    return 0

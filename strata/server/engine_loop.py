@@ -1,0 +1,286 @@
+"""The engine loop: one thread owns the engine; asyncio handlers talk to it through queues.
+
+Invariants:
+- Only the engine thread touches the engine (it is not thread-safe): it loads the model,
+  takes commands from `_inbox` (thread-safe), steps while any request has work, and hands
+  each step's events to the asyncio loop with one `call_soon_threadsafe`.
+- `_handles` and `_num_active` belong to the asyncio thread.
+- Every request the engine accepted ends with exactly one final event: a finished
+  `RequestOutput` (stop, length, abort, or a refusal carrying `error`) or `Failed`.
+- Closing a handle before its final event sends `_Cancel`: the engine aborts the request
+  before its next step, and the request's chunks go back to the pool.
+- Before the final event, `Admitted` comes first once the request holds a lane.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from strata.engine.engine import Engine
+from strata.engine.request import RequestOutput
+from strata.errors import QueueFullError, StrataError
+from strata.sampling import SamplingParams
+from strata.server.errors import NotReady, ServerError
+from strata.server.handle import Admitted, Event, Failed, RequestHandle, is_final
+from strata.server.metrics import ServerMetrics
+from strata.server.params import ModelInfo
+from strata.server.snapshot import EngineSnapshot, take_snapshot
+
+log = logging.getLogger("strata.server")
+
+
+@dataclass(frozen=True)
+class _Add:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    arrival: float
+
+
+@dataclass(frozen=True)
+class _Cancel:
+    request_id: str
+
+
+_STOP = object()
+
+
+class EngineLoop:
+    def __init__(
+        self,
+        load: Callable[[], Engine],
+        model_id: str,
+        metrics: ServerMetrics,
+        max_waiting: int,
+        on_load_error: Callable[[BaseException], None] | None = None,
+    ):
+        self._load = load
+        self._model_id = model_id
+        self._metrics = metrics
+        self._max_waiting = max_waiting
+        self._on_load_error = on_load_error
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._aloop: asyncio.AbstractEventLoop | None = None
+        # Written by the engine thread, read anywhere (each is one reference assignment).
+        self.state = "loading"  # "loading" | "ready" | "failed" | "stopped"
+        self.load_error: BaseException | None = None
+        self.info: ModelInfo | None = None
+        self.num_lanes = 0
+        self.snapshot: EngineSnapshot | None = None
+        # asyncio thread only.
+        self._handles: dict[str, RequestHandle] = {}
+        self._num_active = 0  # submitted, not yet final or closed
+        # engine thread only.
+        self._pending: set[str] = set()  # added, not yet admitted
+        self._arrival: dict[str, float] = {}
+        self._last_token: dict[str, float] = {}
+        self._ids = itertools.count()
+        self._prefix = uuid.uuid4().hex[:8]
+
+    # ---- asyncio side --------------------------------------------------------------------
+    def start(self, aloop: asyncio.AbstractEventLoop) -> None:
+        self._aloop = aloop
+        self._thread = threading.Thread(target=self._run, name="strata-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._inbox.put(_STOP)
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def check_ready(self) -> ModelInfo:
+        if self.state == "ready" and self.info is not None:
+            return self.info
+        if self.state == "loading":
+            raise NotReady("the model is loading; retry shortly")
+        if self.state == "failed":
+            raise NotReady(
+                f"the model failed to load: {self.load_error}",
+                code="model_load_failed",
+                retry_after=60,
+            )
+        raise NotReady("the server is shutting down", code="shutting_down")
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams) -> RequestHandle:
+        """Queue a request; QueueFullError when every lane is busy and max_waiting wait already."""
+        self.check_ready()
+        if self._num_active >= self.num_lanes + self._max_waiting:
+            retry = self.snapshot.retry_after if self.snapshot is not None else 1
+            raise QueueFullError(self._num_active - self.num_lanes, retry)
+        request_id = f"{self._prefix}-{next(self._ids)}"
+        handle = RequestHandle(request_id, self)
+        self._handles[request_id] = handle
+        self._num_active += 1
+        self._inbox.put(_Add(request_id, list(prompt_ids), params, time.perf_counter()))
+        return handle
+
+    def close(self, handle: RequestHandle) -> None:
+        if not handle.done:
+            handle.done = True
+            self._inbox.put(_Cancel(handle.request_id))
+        self._forget(handle)
+
+    def _forget(self, handle: RequestHandle) -> None:
+        if self._handles.pop(handle.request_id, None) is not None:
+            self._num_active -= 1
+
+    def _deliver(self, batch: list[tuple[str, Event]]) -> None:
+        for request_id, event in batch:
+            handle = self._handles.get(request_id)
+            if handle is None:
+                continue  # closed: the client is gone
+            if is_final(event):
+                handle.done = True
+                self._forget(handle)
+            handle.put(event)
+
+    # ---- engine thread --------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            engine = self._load()
+        except BaseException as exc:  # noqa: BLE001 - reported on /health and to the CLI
+            self.load_error, self.state = exc, "failed"
+            if self._on_load_error is not None:
+                self._on_load_error(exc)  # the caller reports it
+            else:
+                log.error("the model failed to load: %s", exc)
+            return
+        self.info = ModelInfo(
+            self._model_id,
+            engine.tokenizer,
+            engine.max_context,
+            engine.model_config.vocab_size,
+            engine.fingerprint,
+        )
+        self.num_lanes = engine.config.num_lanes
+        self.snapshot = take_snapshot(engine)
+        self.state = "ready"
+        try:
+            self._serve(engine)
+        except BaseException as exc:  # a bug: fail every request rather than leave it hanging
+            log.exception("the engine loop stopped")
+            self.load_error, self.state = exc, "failed"
+            error = ServerError(f"the engine loop stopped: {exc}")
+            self._post([(request_id, Failed(error)) for request_id in list(engine.requests)])
+
+    def _serve(self, engine: Engine) -> None:
+        while True:
+            batch: list[tuple[str, Event]] = []
+            for command in self._drain(block=not engine.has_work):
+                if command is _STOP:
+                    self._shutdown(engine)
+                    return
+                batch += self._apply(engine, command)
+            if engine.has_work:
+                batch += self._step(engine)
+            self.snapshot = take_snapshot(engine)
+            if batch:
+                self._post(batch)
+
+    def _drain(self, block: bool) -> list:
+        commands = [self._inbox.get()] if block else []
+        while True:
+            try:
+                commands.append(self._inbox.get_nowait())
+            except queue.Empty:
+                return commands
+
+    def _apply(self, engine: Engine, command: _Add | _Cancel) -> list[tuple[str, Event]]:
+        request_id = command.request_id
+        if isinstance(command, _Cancel):
+            self._pending.discard(request_id)
+            self._arrival.pop(request_id, None)
+            self._last_token.pop(request_id, None)
+            if engine.abort(request_id) is not None:
+                self._metrics.finished.labels("abort").inc()
+            return []
+        try:
+            engine.add_request(command.prompt_ids, command.params, request_id)
+        except StrataError as exc:
+            return [(request_id, Failed(exc))]
+        except Exception as exc:
+            log.exception("add_request failed")
+            return [
+                (request_id, Failed(ServerError(f"the engine could not take the request: {exc}")))
+            ]
+        self._pending.add(request_id)
+        self._arrival[request_id] = command.arrival
+        return []
+
+    def _step(self, engine: Engine) -> list[tuple[str, Event]]:
+        try:
+            outputs = engine.step()
+        except Exception as exc:
+            log.exception("engine step failed")
+            return self._fail_all(engine, exc)
+        batch: list[tuple[str, Event]] = []
+        by_id = {out.request_id: out for out in outputs}
+        for request_id in list(self._pending):
+            out, state = by_id.get(request_id), engine.requests.get(request_id)
+            if out is not None and out.error is not None:
+                self._pending.discard(request_id)  # refused at admission
+            elif state is not None and state.admitted is not None:
+                batch.append((request_id, Admitted(state.num_cached)))
+                self._pending.discard(request_id)
+            elif out is not None:  # admitted and finished within this step
+                batch.append((request_id, Admitted(out.num_cached_tokens)))
+                self._pending.discard(request_id)
+        now = time.perf_counter()
+        for out in outputs:
+            self._observe(out, now)
+            batch.append((out.request_id, out))
+        return batch
+
+    def _observe(self, out: RequestOutput, now: float) -> None:
+        request_id, m = out.request_id, self._metrics
+        if out.new_token_ids:
+            m.generation_tokens.inc(len(out.new_token_ids))
+            last = self._last_token.get(request_id)
+            if last is not None:
+                m.itl.observe(now - last)
+            elif request_id in self._arrival:
+                m.ttft.observe(now - self._arrival[request_id])
+            self._last_token[request_id] = now
+        if out.finished:
+            m.finished.labels(out.finish_reason or "unknown").inc()
+            if out.error is None:
+                m.prompt_tokens.inc(out.num_prompt_tokens)
+            self._arrival.pop(request_id, None)
+            self._last_token.pop(request_id, None)
+
+    def _fail_all(self, engine: Engine, exc: Exception) -> list[tuple[str, Event]]:
+        error = ServerError(f"the engine failed: {exc}")
+        batch: list[tuple[str, Event]] = []
+        for request_id in list(engine.requests):
+            try:
+                engine.abort(request_id)
+            except Exception:
+                log.exception("abort after a failed step")
+            batch.append((request_id, Failed(error)))
+            self._metrics.finished.labels("error").inc()
+        self._pending.clear()
+        self._arrival.clear()
+        self._last_token.clear()
+        return batch
+
+    def _shutdown(self, engine: Engine) -> None:
+        for request_id in list(engine.requests):
+            engine.abort(request_id)
+        self.state = "stopped"
+        self.snapshot = take_snapshot(engine)
+
+    def _post(self, batch: list[tuple[str, Event]]) -> None:
+        try:
+            assert self._aloop is not None
+            self._aloop.call_soon_threadsafe(self._deliver, batch)
+        except RuntimeError:
+            pass  # the event loop is closed: nobody is listening any more

@@ -1,0 +1,214 @@
+"""Errors over HTTP, in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
+
+Every error a client sees goes through `error_body` and `status_of`, so the status code,
+the `type` and the `Retry-After` header always agree:
+
+| error | status | type |
+| --- | --- | --- |
+| RequestError (incl. context_length_exceeded) | 400 | invalid_request_error |
+| AuthError | 401 | invalid_request_error (code invalid_api_key) |
+| ModelNotFound, unknown path | 404 | invalid_request_error / not_found_error |
+| BodyTooLarge | 413 | invalid_request_error |
+| PoolFullError, QueueFullError, NotReady | 503 | unavailable_error (+ Retry-After) |
+| anything else | 500 | server_error |
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from strata.errors import PoolFullError, QueueFullError, RequestError, StrataError
+
+log = logging.getLogger("strata.server")
+
+
+class ModelNotFound(RequestError):
+    def __init__(self, requested: str, served: str):
+        super().__init__(
+            f"the model {requested!r} is not served here; this server serves {served!r}",
+            code="model_not_found",
+            param="model",
+        )
+
+
+class AuthError(StrataError):
+    code = "invalid_api_key"
+
+    def __init__(
+        self, message: str = "a valid API key is required: send 'Authorization: Bearer <key>'"
+    ):
+        super().__init__(message)
+
+
+class BodyTooLarge(StrataError):
+    code = "request_too_large"
+
+    def __init__(self, limit: int):
+        super().__init__(f"the request body is larger than --max-body-bytes {limit}")
+
+
+class NotReady(StrataError):
+    """The model is still loading, or failed to load (503 + Retry-After)."""
+
+    def __init__(self, message: str, code: str = "model_loading", retry_after: int = 1):
+        super().__init__(message)
+        self.code = code
+        self.retry_after = retry_after
+
+
+class ServerError(StrataError):
+    code = "internal_error"
+
+
+def status_of(exc: BaseException) -> int:
+    if isinstance(exc, ModelNotFound):
+        return 404
+    if isinstance(exc, RequestError):
+        return 400
+    if isinstance(exc, AuthError):
+        return 401
+    if isinstance(exc, BodyTooLarge):
+        return 413
+    if isinstance(exc, (PoolFullError, QueueFullError, NotReady)):
+        return 503
+    return 500
+
+
+def retry_after_of(exc: BaseException) -> int | None:
+    return getattr(exc, "retry_after", None) if status_of(exc) == 503 else None
+
+
+def error_body(exc: BaseException) -> dict[str, Any]:
+    """The `error` object for `exc` (also the payload of an SSE error event)."""
+    status = status_of(exc)
+    kind = {503: "unavailable_error", 500: "server_error"}.get(status, "invalid_request_error")
+    message = str(exc) if isinstance(exc, StrataError) else "internal server error"
+    body: dict[str, Any] = {
+        "message": message,
+        "type": kind,
+        "param": getattr(exc, "param", None),
+        "code": getattr(exc, "code", None) if isinstance(exc, StrataError) else "internal_error",
+    }
+    retry_after = retry_after_of(exc)
+    if retry_after is not None:
+        body["retry_after"] = retry_after
+    return body
+
+
+def error_response(exc: BaseException) -> JSONResponse:
+    status = status_of(exc)
+    headers = {}
+    retry_after = retry_after_of(exc)
+    if retry_after is not None:
+        headers["Retry-After"] = str(retry_after)
+    if status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    return JSONResponse({"error": error_body(exc)}, status_code=status, headers=headers)
+
+
+def plain_error(
+    status: int, message: str, kind: str, code: str | None, param: str | None = None
+) -> JSONResponse:
+    body = {"message": message, "type": kind, "param": param, "code": code}
+    return JSONResponse({"error": body}, status_code=status)
+
+
+# ---- pydantic validation errors -> one clear 400 ---------------------------------------------
+
+
+def _param_path(loc: tuple) -> str:
+    """('messages', 0, 'role') -> 'messages[0].role'."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+# Pydantic tags each member of a failed union in the error location ('str', 'list[str]',
+# 'function-after[...]', a model's class name); field names are lower-case identifiers.
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+
+
+def _is_union_tag(part: object) -> bool:
+    return isinstance(part, str) and (
+        part in _TYPE_TAGS or not part.isidentifier() or part[:1].isupper()
+    )
+
+
+def _field_loc(loc: tuple) -> tuple:
+    """The error location without 'body', cut at the first union member tag."""
+    out = []
+    for part in loc:
+        if part == "body" and not out:
+            continue
+        if _is_union_tag(part):
+            break
+        out.append(part)
+    return tuple(out)
+
+
+def validation_message(errors: list[dict]) -> RequestError:
+    """One clear RequestError for the first failing field of a pydantic error list.
+
+    A union field (e.g. `stop: str | list[str]`) fails once per member; the message lists
+    each member's reason.
+    """
+    first = errors[0]
+    loc = _field_loc(tuple(first["loc"]))
+    if first["type"] == "json_invalid":
+        detail = first.get("ctx", {}).get("error", "")
+        return RequestError(f"the request body is not valid JSON: {detail}", code="invalid_json")
+    if not loc and first["type"] == "missing":
+        return RequestError("the request body is empty: send a JSON object", code="invalid_json")
+    if not loc:
+        return RequestError(
+            "the request body must be a JSON object (send it with Content-Type: application/json)",
+            code="invalid_json",
+        )
+    param = _param_path(loc)
+    if first["type"] == "extra_forbidden":
+        return RequestError(
+            f"unknown field {param!r}: strata does not accept it (/docs lists the accepted fields)",
+            code="unknown_field",
+            param=param,
+        )
+    if first["type"] == "missing":
+        return RequestError(f"{param} is required", code="missing_field", param=param)
+    reasons: list[str] = []
+    for e in errors:
+        if _field_loc(tuple(e["loc"])) == loc and e["msg"] not in reasons:
+            reasons.append(e["msg"])
+    shown = repr(first.get("input"))
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    return RequestError(f"{param}: {'; or '.join(reasons)} (got {shown})", param=param)
+
+
+def install_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(validation_message(list(exc.errors())))
+
+    @app.exception_handler(StrataError)
+    async def _strata(request: Request, exc: StrataError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, exc: HTTPException) -> JSONResponse:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        message = (
+            f"no route {request.method} {request.url.path}"
+            if exc.status_code in (404, 405)
+            else str(exc.detail)
+        )
+        return plain_error(exc.status_code, message, kind, code=str(exc.status_code))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error in %s %s", request.method, request.url.path)
+        return error_response(exc)

@@ -1,0 +1,178 @@
+"""Response bodies, in OpenAI's shapes plus strata's additions.
+
+Additions (ignored by clients that do not know them):
+- `truncated` on a choice: true when the KV pool could not grow the answer (then
+  `finish_reason` is "length"); in a stream it rides on the final chunk only.
+- `timings`: llama.cpp's names (cache_n, prompt_n, prompt_ms, prompt_per_second,
+  predicted_n, predicted_ms, predicted_per_second); in a stream, on the final chunk.
+- `usage.prompt_tokens_details.cached_tokens`: prompt tokens whose K/V were reused.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+
+def _absent_if_none(value: object) -> bool:
+    return value is None
+
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+
+class Timings(BaseModel):
+    cache_n: int
+    prompt_n: int
+    prompt_ms: float
+    prompt_per_second: float
+    predicted_n: int
+    predicted_ms: float
+    predicted_per_second: float
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprob]
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
+# ---- chat ----------------------------------------------------------------------------------
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str
+    truncated: bool = False
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    system_fingerprint: str | None = None
+    choices: list[ChatChoice]
+    usage: Usage
+    timings: Timings | None = None
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = Field(None, exclude_if=_absent_if_none)
+    content: str | None = Field(None, exclude_if=_absent_if_none)
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: ChatDelta
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    truncated: bool | None = Field(None, exclude_if=_absent_if_none)
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    system_fingerprint: str | None = None
+    choices: list[ChatChunkChoice]
+    # With stream_options.include_usage: null on every chunk but the last, which has no choices.
+    usage: Usage | None = Field(None, exclude_if=_absent_if_none)
+    timings: Timings | None = Field(None, exclude_if=_absent_if_none)
+
+
+# ---- completions ---------------------------------------------------------------------------
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+    truncated: bool | None = Field(None, exclude_if=_absent_if_none)
+
+
+class Completion(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    system_fingerprint: str | None = None
+    choices: list[CompletionChoice]
+    usage: Usage | None = Field(None, exclude_if=_absent_if_none)
+    timings: Timings | None = Field(None, exclude_if=_absent_if_none)
+
+
+# ---- the rest ------------------------------------------------------------------------------
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "strata"
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+
+
+class Slot(BaseModel):
+    id: int
+    state: Literal["empty", "idle", "prefilling", "decoding"]
+    n_ctx: int
+    conversation_tokens: int = Field(..., description="cells of the lane's conversation")
+    chunks_held: int
+    request_id: str | None = None
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+
+
+class ErrorBody(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+    retry_after: int | None = Field(None, exclude_if=_absent_if_none)
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody

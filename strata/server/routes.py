@@ -1,0 +1,142 @@
+"""The HTTP routes. Handlers are thin: validate (pydantic + params), then hand over to
+`generate.respond`, or read the engine thread's latest snapshot."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.concurrency import run_in_threadpool
+
+from strata.server.engine_loop import EngineLoop
+from strata.server.errors import NotReady
+from strata.server.formats import ChatFormat, CompletionFormat, TokenText
+from strata.server.generate import respond
+from strata.server.metrics import ServerMetrics
+from strata.server.params import ModelInfo, chat_job, completion_job
+from strata.server.requests import ChatCompletionRequest, CompletionRequest
+from strata.server.responses import (
+    ChatCompletion,
+    Completion,
+    ErrorResponse,
+    Health,
+    ModelCard,
+    ModelList,
+    Slot,
+)
+from strata.server.settings import ServerSettings
+
+
+@dataclass(frozen=True)
+class ServerState:
+    """Everything a handler may use; one per app, made by `create_app`."""
+
+    settings: ServerSettings
+    loop: EngineLoop
+    metrics: ServerMetrics
+    model_id: str
+    created: int
+
+
+def state_of(request: Request) -> ServerState:
+    return request.app.state.strata
+
+
+ERRORS = {
+    400: {"model": ErrorResponse, "description": "a malformed or unsupported request"},
+    401: {"model": ErrorResponse, "description": "missing or wrong API key"},
+    404: {"model": ErrorResponse, "description": "unknown model"},
+    413: {"model": ErrorResponse, "description": "body over --max-body-bytes"},
+    503: {
+        "model": ErrorResponse,
+        "description": "loading, KV pool full or too many waiting (Retry-After)",
+    },
+}
+STREAM = {
+    "content": {"text/event-stream": {}},
+    "description": "with stream: true, server-sent events",
+}
+
+router = APIRouter()
+
+
+def _format(kind: type, info: ModelInfo, want_logprobs: bool) -> partial:
+    tokens = TokenText(info.tokenizer)
+    return partial(
+        kind,
+        model=info.model_id,
+        fingerprint=info.fingerprint,
+        tokens=tokens,
+        want_logprobs=want_logprobs,
+    )
+
+
+@router.post(
+    "/v1/chat/completions", response_model=ChatCompletion, responses={**ERRORS, 200: STREAM}
+)
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+    state = state_of(request)
+    info = state.loop.check_ready()
+    job = await run_in_threadpool(chat_job, body, info)
+    fmt = _format(ChatFormat, info, job.want_logprobs)
+    return await respond(request, state.loop, job, fmt, state.settings.sse_keepalive_s)
+
+
+@router.post("/v1/completions", response_model=Completion, responses={**ERRORS, 200: STREAM})
+async def completions(body: CompletionRequest, request: Request) -> Response:
+    state = state_of(request)
+    info = state.loop.check_ready()
+    job = await run_in_threadpool(completion_job, body, info)
+    fmt = _format(CompletionFormat, info, job.want_logprobs)
+    return await respond(request, state.loop, job, fmt, state.settings.sse_keepalive_s)
+
+
+@router.get("/v1/models", response_model=ModelList, responses=ERRORS)
+async def models(request: Request) -> ModelList:
+    state = state_of(request)
+    info = state.loop.check_ready()
+    return ModelList(
+        data=[ModelCard(id=info.model_id, created=state.created, max_model_len=info.max_context)]
+    )
+
+
+@router.get("/health", response_model=Health, responses={503: ERRORS[503]})
+async def health(request: Request) -> Health:
+    """200 once the model is loaded; 503 while it loads (or if loading failed)."""
+    state_of(request).loop.check_ready()
+    return Health(status="ok")
+
+
+@router.get(
+    "/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}}
+)
+async def metrics(request: Request) -> Response:
+    """Prometheus text: requests, tokens, latencies, and the KV pool (after loading)."""
+    return Response(state_of(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/slots", response_model=list[Slot], responses=ERRORS)
+async def slots(request: Request) -> JSONResponse:
+    """Each lane: its state, conversation length and chunks held."""
+    loop = state_of(request).loop
+    loop.check_ready()
+    snap = loop.snapshot
+    if snap is None:
+        raise NotReady("the engine has not reported yet")
+    body = [
+        Slot(
+            id=lane.index,
+            state=lane.state,
+            n_ctx=snap.max_context,
+            conversation_tokens=lane.num_cells,
+            chunks_held=lane.num_chunks,
+            request_id=lane.request_id,
+            prompt_tokens=lane.num_prompt_tokens,
+            output_tokens=lane.num_output_tokens,
+        ).model_dump()
+        for lane in snap.lanes
+    ]
+    return JSONResponse(body)

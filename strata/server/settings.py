@@ -1,0 +1,79 @@
+"""What `strata serve` was asked for, besides the engine: validated once, before anything starts."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+from strata.errors import ConfigError
+from strata.loader.default import DEFAULT_FILE
+
+MIB = 1 << 20
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8080
+DEFAULT_MAX_WAITING = 64
+DEFAULT_MAX_BODY_BYTES = 8 * MIB
+DEFAULT_SSE_KEEPALIVE_S = 10.0
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    # None: no authentication. Otherwise every route but /health (and the schema and docs)
+    # needs `Authorization: Bearer <api_key>`.
+    api_key: str | None = None
+    # Requests that may wait for a lane while every lane is busy: the server holds at most
+    # lanes + max_waiting requests, and one more is a 503 `queue_full` with Retry-After.
+    max_waiting: int = DEFAULT_MAX_WAITING
+    # A request body larger than this is a 413 before any of it is parsed.
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    # The model id clients send and /v1/models lists; None: derived from the model file.
+    model_alias: str | None = None
+    # A streaming request that has no event for this long gets an SSE comment line; one
+    # still waiting for a lane after it starts its stream, so a later refusal arrives as an
+    # SSE error event (before that, a refusal is a plain 503). 0 starts every stream at once.
+    sse_keepalive_s: float = DEFAULT_SSE_KEEPALIVE_S
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.host, str) or not self.host:
+            raise ConfigError(f"--host must be a host name or address, got {self.host!r}")
+        _int_in("--port", self.port, 0, 65535)
+        if self.api_key is not None and (
+            not isinstance(self.api_key, str) or not self.api_key.strip()
+        ):
+            raise ConfigError("--api-key must not be empty")
+        _int_in("--max-waiting", self.max_waiting, 0, None)
+        _int_in("--max-body-bytes", self.max_body_bytes, 1024, None)
+        if self.model_alias is not None and (
+            not isinstance(self.model_alias, str) or not self.model_alias
+        ):
+            raise ConfigError("--model-alias must not be empty")
+        keepalive = self.sse_keepalive_s
+        if (
+            isinstance(keepalive, bool)
+            or not isinstance(keepalive, (int, float))
+            or not math.isfinite(keepalive)
+            or keepalive < 0
+        ):
+            raise ConfigError(
+                f"--sse-keepalive must be a number of seconds >= 0, got {keepalive!r}"
+            )
+
+
+def _int_in(flag: str, value: object, low: int, high: int | None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{flag} must be an integer, got {value!r}")
+    if value < low or (high is not None and value > high):
+        bounds = f"at least {low}" if high is None else f"between {low} and {high}"
+        raise ConfigError(f"{flag} must be {bounds}, got {value}")
+
+
+def model_id(model: str | None, alias: str | None = None) -> str:
+    """The id clients use for the model: the alias, else the file or directory name."""
+    if alias:
+        return alias
+    path = model if model else DEFAULT_FILE
+    name = os.path.basename(os.path.normpath(path))
+    return name[: -len(".gguf")] if name.lower().endswith(".gguf") else name

@@ -1,0 +1,81 @@
+"""A frozen view of the engine (pool, lanes, counters), taken on the engine thread.
+
+The engine is not thread-safe, so /metrics and /slots never read it: the engine thread
+builds a new `EngineSnapshot` after every step (and after queued adds and aborts) and
+swaps it in with one reference assignment; HTTP handlers read whichever one is current.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from strata.engine.engine import Engine
+from strata.engine.plan import PoolCounters
+from strata.engine.scheduler import PoolStats
+
+
+@dataclass(frozen=True)
+class LaneView:
+    index: int
+    state: str  # "empty" | "idle" (a cached conversation, no request) | "prefilling" | "decoding"
+    num_cells: int  # cells of the lane's conversation
+    num_chunks: int  # chunks the lane holds (its reservation in the reserved layout)
+    request_id: str | None
+    num_prompt_tokens: int | None
+    num_output_tokens: int | None
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    pool: PoolStats
+    counters: PoolCounters  # a copy: the engine's own object keeps changing
+    num_chunks_active: int  # chunks in the tables of running requests (parked ones excluded)
+    num_running: int
+    num_queued: int  # added to the engine, waiting for a lane
+    lanes: tuple[LaneView, ...]
+    retry_after: int  # the engine's current hint, in seconds
+    max_context: int
+    bytes_per_cell: int  # K and V of one position across all layers
+
+    @property
+    def usage_ratio(self) -> float:
+        total = self.pool.num_chunks_total
+        return self.pool.num_chunks_held / total if total else 0.0
+
+
+def take_snapshot(engine: Engine) -> EngineSnapshot:
+    """Call on the engine thread only."""
+    scheduler = engine.scheduler
+    stats = scheduler.stats()
+    active: set[int] = set()
+    lanes = []
+    for lane, num_chunks in zip(scheduler.lanes, stats.chunks_per_lane):
+        seq = lane.seq
+        if seq is not None:
+            active.update(seq.conv.table.chunk_ids)
+            state = "prefilling" if seq.is_prefilling else "decoding"
+        else:
+            state = "empty" if lane.conv is None else "idle"
+        lanes.append(
+            LaneView(
+                index=lane.index,
+                state=state,
+                num_cells=lane.conv.num_cells if lane.conv is not None else 0,
+                num_chunks=num_chunks,
+                request_id=seq.request_id if seq is not None else None,
+                num_prompt_tokens=len(seq.prompt_ids) if seq is not None else None,
+                num_output_tokens=seq.num_output if seq is not None else None,
+            )
+        )
+    return EngineSnapshot(
+        pool=stats,
+        counters=dataclasses.replace(scheduler.counters),
+        num_chunks_active=len(active),
+        num_running=len(scheduler.seqs),
+        num_queued=len(scheduler.waiting),
+        lanes=tuple(lanes),
+        retry_after=engine.retry_after(),
+        max_context=engine.max_context,
+        bytes_per_cell=engine.kv.bytes_per_cell,
+    )

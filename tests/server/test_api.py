@@ -1,0 +1,317 @@
+"""The OpenAI-compatible API over a real server, with the real `openai` client and httpx."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+from serving import MAIN_ENGINE, sse_events
+
+from strata import LLM, SamplingParams
+
+CHAT = [{"role": "user", "content": "Name three colours."}]
+
+
+@pytest.fixture(scope="module")
+def offline(gguf_path) -> LLM:
+    return LLM(model=gguf_path, **MAIN_ENGINE)
+
+
+def test_models_health_schema(main_server):
+    client = main_server.openai()
+    assert [m.id for m in client.models.list().data] == ["smol"]
+    with main_server.client() as c:
+        assert c.get("/health").json() == {"status": "ok"}
+        paths = c.get("/openapi.json").json()["paths"]
+    for path in (
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/models",
+        "/health",
+        "/metrics",
+        "/slots",
+    ):
+        assert path in paths
+
+
+def test_chat_whole_and_streamed(main_server):
+    client = main_server.openai()
+    whole = client.chat.completions.create(
+        model="smol", messages=CHAT, max_tokens=10, temperature=0
+    )
+    choice = whole.choices[0]
+    assert choice.message.role == "assistant" and choice.message.content
+    assert choice.finish_reason in ("stop", "length")
+    assert whole.usage.completion_tokens <= 10
+    assert whole.usage.total_tokens == whole.usage.prompt_tokens + whole.usage.completion_tokens
+
+    stream = client.chat.completions.create(
+        model="smol",
+        messages=CHAT,
+        max_tokens=10,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == choice.message.content
+    finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finals) == 1 and finals[0].choices[0].finish_reason == choice.finish_reason
+    assert (
+        chunks[-1].choices == []
+        and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    )
+
+
+def test_chat_extra_fields_over_httpx(main_server):
+    with main_server.client() as c:
+        body = c.post(
+            "/v1/chat/completions", json={"messages": CHAT, "max_tokens": 4, "temperature": 0}
+        ).json()
+    assert body["object"] == "chat.completion" and body["model"] == "smol"
+    assert body["choices"][0]["truncated"] is False
+    assert set(body["timings"]) == {
+        "cache_n",
+        "prompt_n",
+        "prompt_ms",
+        "prompt_per_second",
+        "predicted_n",
+        "predicted_ms",
+        "predicted_per_second",
+    }
+    assert body["timings"]["cache_n"] == body["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+def test_completion_whole_and_streamed(main_server):
+    client = main_server.openai()
+    whole = client.completions.create(
+        model="smol", prompt="The capital of France is", max_tokens=6, temperature=0
+    )
+    assert whole.choices[0].text and whole.usage.completion_tokens <= 6
+    with (
+        main_server.client() as c,
+        c.stream(
+            "POST",
+            "/v1/completions",
+            json={
+                "prompt": "The capital of France is",
+                "max_tokens": 6,
+                "temperature": 0,
+                "stream": True,
+            },
+        ) as r,
+    ):
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = list(sse_events(r))
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert "".join(ch["choices"][0]["text"] for ch in chunks) == whole.choices[0].text
+    assert chunks[-1]["choices"][0]["finish_reason"] == whole.choices[0].finish_reason
+    assert chunks[-1]["choices"][0]["truncated"] is False and "timings" in chunks[-1]
+
+
+def test_greedy_over_http_equals_offline(main_server, offline):
+    messages = [{"role": "user", "content": "Write a haiku about rivers."}]
+    params = SamplingParams(max_tokens=16, temperature=0)
+    want_chat = offline.chat(messages, params)[0]
+    want_text = offline.generate("Once upon a time, in a quiet village,", params)[0]
+    client = main_server.openai()
+    got_chat = client.chat.completions.create(
+        model="smol", messages=messages, max_tokens=16, temperature=0
+    )
+    got_text = client.completions.create(
+        model="smol", prompt="Once upon a time, in a quiet village,", max_tokens=16, temperature=0
+    )
+    assert got_chat.choices[0].message.content == want_chat.text
+    assert got_chat.choices[0].finish_reason == want_chat.finish_reason
+    assert got_text.choices[0].text == want_text.text
+
+
+def test_two_conversations_at_once(main_server):
+    client = main_server.openai()
+    prompts = ["Tell me about cats.", "Tell me about the moon."]
+
+    def ask(prompt: str):
+        return client.chat.completions.create(
+            model="smol",
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=12,
+            temperature=0,
+        )
+
+    with ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(ask, prompts))
+    for a in answers:
+        assert a.choices[0].message.content and a.usage.completion_tokens > 0
+
+
+def test_appended_turn_reports_cached_tokens(main_server):
+    client = main_server.openai()
+    first = [
+        {"role": "system", "content": "You answer in one line."},
+        {"role": "user", "content": "What is a lighthouse?"},
+    ]
+    a = client.chat.completions.create(model="smol", messages=first, max_tokens=12, temperature=0)
+    follow = first + [
+        {"role": "assistant", "content": a.choices[0].message.content},
+        {"role": "user", "content": "And who keeps it?"},
+    ]
+    b = client.chat.completions.create(model="smol", messages=follow, max_tokens=6, temperature=0)
+    cached = b.usage.prompt_tokens_details.cached_tokens
+    assert cached >= a.usage.prompt_tokens, (cached, a.usage.prompt_tokens)
+    assert cached < b.usage.prompt_tokens
+
+
+def test_logprobs(main_server):
+    client = main_server.openai()
+    r = client.chat.completions.create(
+        model="smol", messages=CHAT, max_tokens=4, temperature=0, logprobs=True, top_logprobs=2
+    )
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    for entry in content:
+        assert entry.logprob <= 0 and len(entry.top_logprobs) == 2
+        # Greedy: the chosen token is the most likely one.
+        assert entry.top_logprobs[0].logprob == pytest.approx(entry.logprob, abs=1e-4)
+    c = client.completions.create(
+        model="smol", prompt="One, two,", max_tokens=3, temperature=0, logprobs=1
+    )
+    assert (
+        len(c.choices[0].logprobs.tokens) == 3 and len(c.choices[0].logprobs.top_logprobs[0]) == 1
+    )
+
+
+def test_stop_and_seed(main_server):
+    client = main_server.openai()
+    base = (
+        client.completions.create(model="smol", prompt="1, 2, 3, 4,", max_tokens=8, temperature=0)
+        .choices[0]
+        .text
+    )
+    assert "," in base.strip()
+    stopped = client.completions.create(
+        model="smol", prompt="1, 2, 3, 4,", max_tokens=8, temperature=0, stop=[","]
+    )
+    assert stopped.choices[0].text == base[: base.index(",")]
+    assert stopped.choices[0].finish_reason == "stop"
+
+    def sample(seed: int) -> str:
+        return (
+            client.completions.create(
+                model="smol",
+                prompt="My favourite word is",
+                max_tokens=6,
+                temperature=1.0,
+                seed=seed,
+            )
+            .choices[0]
+            .text
+        )
+
+    assert sample(7) == sample(7)
+
+
+def test_streamed_text_is_whole_characters_and_stops_cleanly(main_server):
+    body = {"prompt": "日本の首都は", "max_tokens": 12, "temperature": 0}
+    with main_server.client() as c:
+        whole = c.post("/v1/completions", json=body).json()["choices"][0]["text"]
+        stopped = c.post("/v1/completions", json={**body, "stop": ["。"]}).json()["choices"][0]
+        with c.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+            deltas = [json.loads(e)["choices"][0]["text"] for e in sse_events(r) if e != "[DONE]"]
+        with c.stream(
+            "POST", "/v1/completions", json={**body, "stop": ["。"], "stream": True}
+        ) as r:
+            stopped_deltas = [
+                json.loads(e)["choices"][0]["text"] for e in sse_events(r) if e != "[DONE]"
+            ]
+    assert "".join(deltas) == whole
+    # Characters here span several tokens; none is split across deltas. Only a character the
+    # answer never finished (max_tokens cut it) is flushed as U+FFFD, at the very end.
+    text_deltas = [d for d in deltas if d]
+    assert not any("\ufffd" in d for d in text_deltas[:-1])
+    assert "\ufffd" not in text_deltas[-1].rstrip("\ufffd")
+    assert "".join(stopped_deltas) == stopped["text"] and "。" not in stopped["text"]
+
+
+def test_client_that_gives_up_on_a_whole_answer_is_aborted(main_server):
+    before = main_server.metrics().get('strata_requests_finished_total{finish_reason="abort"}', 0)
+    body = {"prompt": "Count slowly:", "max_tokens": 1000, "temperature": 0, "ignore_eos": True}
+    with main_server.client() as c, pytest.raises(httpx.ReadTimeout):
+        c.post("/v1/completions", json=body, timeout=1.0)
+    main_server.wait_until(
+        lambda m: (
+            m["strata_requests_running"] == 0
+            and m.get('strata_requests_finished_total{finish_reason="abort"}', 0) > before
+        )
+    )
+
+
+def test_slots_and_metrics(main_server):
+    with main_server.client() as c:
+        slots = c.get("/slots").json()
+    assert [s["id"] for s in slots] == list(range(1 + MAIN_ENGINE["batch"]))
+    for s in slots:
+        assert s["state"] in ("empty", "idle", "prefilling", "decoding")
+        assert s["n_ctx"] == MAIN_ENGINE["max_context"] and s["chunks_held"] >= 0
+    m = main_server.metrics()
+    for name in (
+        'strata_kv_chunks{state="total"}',
+        'strata_kv_chunks{state="held"}',
+        'strata_kv_chunks{state="parked"}',
+        'strata_kv_chunks{state="free"}',
+        'strata_kv_cells{state="held"}',
+        'strata_kv_cells{state="parked"}',
+        'strata_kv_cells{state="free"}',
+        "strata_kv_usage_ratio",
+        "strata_kv_evictions_total",
+        "strata_kv_refusals_total",
+        "strata_kv_truncations_total",
+        'strata_kv_moves_total{kind="swap"}',
+        "strata_time_to_first_token_seconds_count",
+        "strata_inter_token_latency_seconds_count",
+        "strata_generation_tokens_total",
+        "strata_prompt_tokens_total",
+        'strata_http_requests_total{route="/v1/chat/completions",status="200"}',
+    ):
+        assert name in m, name
+    total = m['strata_kv_chunks{state="total"}']
+    assert m['strata_kv_chunks{state="held"}'] + m['strata_kv_chunks{state="free"}'] == total
+    assert (
+        m["strata_generation_tokens_total"] > 0
+        and m["strata_time_to_first_token_seconds_count"] > 0
+    )
+
+
+def test_disconnect_mid_stream_gives_chunks_back(main_server):
+    before = main_server.wait_until(lambda m: m["strata_requests_running"] == 0)
+    body = {
+        "prompt": "A long story about a dragon named Quill who collected clocks:",
+        "max_tokens": 400,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    with main_server.client() as c, c.stream("POST", "/v1/completions", json=body) as r:
+        for event in sse_events(r):
+            if json.loads(event)["choices"][0]["text"]:
+                break  # the first text: hang up
+    after = main_server.wait_until(
+        lambda m: (
+            m["strata_requests_running"] == 0
+            and m['strata_kv_chunks{state="active"}'] == 0
+            and m.get('strata_requests_finished_total{finish_reason="abort"}', 0)
+            > before.get('strata_requests_finished_total{finish_reason="abort"}', 0)
+        )
+    )
+    # Nothing is held but parked conversations, and the aborted one is not among them.
+    assert after['strata_kv_chunks{state="held"}'] == after['strata_kv_chunks{state="parked"}']
+    evicted = after["strata_kv_evictions_total"] - before["strata_kv_evictions_total"]
+    assert (
+        after["strata_kv_conversations_parked"]
+        == before["strata_kv_conversations_parked"] - evicted
+    )
+    with main_server.client() as c:
+        assert all(s["request_id"] is None for s in c.get("/slots").json())
