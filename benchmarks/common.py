@@ -33,6 +33,28 @@ def available_mib() -> float:
     return psutil.virtual_memory().available / 2**20
 
 
+def host_busy_cpu_s() -> float:
+    """CPU seconds all CPUs of the host have spent busy since boot (everything but idle/iowait)."""
+    import psutil
+
+    t = psutil.cpu_times()
+    return sum(getattr(t, k, 0.0) for k in ("user", "nice", "system", "irq", "softirq", "steal"))
+
+
+def wait_for_quiet(max_wait_s: float, busy_percent: float = 25.0) -> dict:
+    """Waits up to `max_wait_s` until the host's CPUs are mostly idle (a shared machine: other
+    work can load both cores and make any arm several times slower). Call it while the arms
+    themselves are idle; returns what the CPUs were doing when it gave up or got its quiet."""
+    import psutil
+
+    t = time.perf_counter()
+    busy = psutil.cpu_percent(interval=2)
+    while busy > busy_percent and time.perf_counter() - t < max_wait_s:
+        busy = psutil.cpu_percent(interval=5)
+    return {"cpu_busy_percent": busy, "loadavg_1m": os.getloadavg()[0],
+            "waited_s": time.perf_counter() - t, "quiet": busy <= busy_percent}
+
+
 def run_arm(script: str, arm: str, args: Sequence[str], timeout: float = 1800) -> dict:
     """Runs `script --arm ARM ...` in a fresh interpreter; its last stdout line is a JSON dict."""
     cmd = [sys.executable, script, "--arm", arm, *args]
