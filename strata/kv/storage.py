@@ -50,13 +50,21 @@ class KVStorage:
         """Runs `copies` in every layer; returns the number of bytes copied."""
         if not copies:
             return 0
-        c = self.chunk_size
-        num_cells = 0
-        for cp in copies:
-            src = slice(cp.src_chunk * c + cp.start, cp.src_chunk * c + cp.start + cp.num_cells)
-            dst = slice(cp.dst_chunk * c + cp.start, cp.dst_chunk * c + cp.start + cp.num_cells)
+        for src, dst, n in self._runs(copies):
             for k, v in zip(self.k, self.v):
-                k[:, dst].copy_(k[:, src])
-                v[:, dst].copy_(v[:, src])
-            num_cells += cp.num_cells
-        return num_cells * self.bytes_per_cell
+                k[:, dst : dst + n].copy_(k[:, src : src + n])
+                v[:, dst : dst + n].copy_(v[:, src : src + n])
+        return sum(cp.num_cells for cp in copies) * self.bytes_per_cell
+
+    def _runs(self, copies: Sequence[CellCopy]) -> list[tuple[int, int, int]]:
+        """(flat src, flat dst, cells): copies that continue each other merge into one run."""
+        c = self.chunk_size
+        runs: list[list[int]] = []
+        for cp in copies:
+            src, dst = cp.src_chunk * c + cp.start, cp.dst_chunk * c + cp.start
+            if runs and runs[-1][0] + runs[-1][2] == src and runs[-1][1] + runs[-1][2] == dst:
+                runs[-1][2] += cp.num_cells
+            else:
+                runs.append([src, dst, cp.num_cells])
+        assert all(s + n <= d or d + n <= s for s, d, n in runs), "a copy overlaps its source"
+        return [tuple(r) for r in runs]
