@@ -138,11 +138,17 @@ def arm_llamacpp(args) -> dict:
 
     prefill(prompt_ids(tok, 64, 99))
     prefill_s = min(prefill(prompt_ids(tok, args.prompt, v)) for v in range(3))
+    import numpy as np
+
+    def last_logits():  # the last evaluated token's logits (llama-cpp-python keeps no copy)
+        return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
+
     prefill(prompt_ids(tok, args.prompt, 10))
+    token = int(np.argmax(last_logits()))
     t = time.perf_counter()
-    for i, _ in enumerate(llm.generate([], temp=0.0, reset=False)):
-        if i + 1 >= args.new:
-            break
+    for _ in range(args.new):  # greedy, one token per eval: llama.cpp's own decode step
+        llm.eval([token])
+        token = int(np.argmax(last_logits()))
     dec1 = time.perf_counter() - t
     return {
         "load_s": load_s,

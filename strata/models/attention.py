@@ -6,8 +6,8 @@ cells back: decoding lanes (one new token each) in one batched gather + matmul,
 prefill pieces one lane at a time, through a plain slice when the lane's cells are
 contiguous in storage.
 
-Rows of the step's token batch: the decoding lanes first (one row each), then each
-prefill piece's rows in order.
+Rows of the step's token batch: the decoding lanes first (one row each, shortest first,
+in length groups), then each prefill piece's rows in order.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ import torch.nn.functional as F
 
 @dataclass(frozen=True)
 class DecodeRows:
-    """One new token for each of `num_rows` lanes, all lanes padded to `max_cells`."""
+    """One new token for each of `num_rows` lanes (rows from `row_start`), padded to `max_cells`."""
 
+    row_start: int
     num_rows: int
     max_cells: int
     cell_index: torch.Tensor | None  # [rows * max_cells] flat cells to read (padding reads cell 0)
@@ -46,7 +47,7 @@ class AttentionMeta:
     """One step's addressing on one device; shared by every layer on it."""
 
     write_index: torch.Tensor  # [tokens] the flat cell each new token's K/V goes to
-    decode: DecodeRows | None
+    decode: tuple[DecodeRows, ...]  # length groups of the decoding lanes, rows in order
     prefills: tuple[PrefillRows, ...]
 
 
@@ -64,8 +65,9 @@ def attend(
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[0]
     out = q.new_empty(num_tokens, num_heads, head_dim)
-    if meta.decode is not None:
-        out[: meta.decode.num_rows] = _decode(q[: meta.decode.num_rows], k_cache, v_cache, meta.decode)
+    for d in meta.decode:
+        rows = slice(d.row_start, d.row_start + d.num_rows)
+        out[rows] = _decode(q[rows], k_cache, v_cache, d)
     for p in meta.prefills:
         if p.cell_slice is not None:
             kc, vc = k_cache[:, p.cell_slice], v_cache[:, p.cell_slice]

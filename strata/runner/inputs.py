@@ -36,8 +36,40 @@ def _cells(chunk_ids: Sequence[int], start: int, end: int, chunk_size: int) -> t
     return chunks[pos // chunk_size] * chunk_size + pos % chunk_size
 
 
+def _decode_groups(decode: Sequence[LaneWork], chunk_size: int) -> tuple[DecodeRows, ...]:
+    """Decode rows (sorted by length) in groups padded to their longest lane.
+
+    A group never pads a lane to more than twice its own length, so one long lane does
+    not make every short lane gather and attend over its length.
+    """
+    groups: list[DecodeRows] = []
+    start = 0
+    while start < len(decode):
+        end = start + 1
+        while end < len(decode) and decode[end].num_cells <= 2 * decode[start].num_cells:
+            end += 1
+        rows = decode[start:end]
+        lens = [w.num_cells for w in rows]
+        max_cells = lens[-1]
+        one = _contiguous(rows[0].chunk_ids, max_cells, chunk_size) if len(rows) == 1 else None
+        if one is not None:
+            groups.append(DecodeRows(start, 1, max_cells, None, None, one))
+        else:
+            index = torch.zeros(len(rows), max_cells, dtype=torch.long)
+            for r, w in enumerate(rows):
+                index[r, : w.num_cells] = _cells(w.chunk_ids, 0, w.num_cells, chunk_size)
+            bias = None
+            if lens[0] != max_cells:
+                bias = torch.zeros(len(rows), 1, max_cells)
+                for r, n in enumerate(lens):
+                    bias[r, 0, n:] = float("-inf")
+            groups.append(DecodeRows(start, len(rows), max_cells, index.view(-1), bias))
+        start = end
+    return tuple(groups)
+
+
 def build_inputs(work: Sequence[LaneWork], chunk_size: int) -> StepInputs:
-    decode = [w for w in work if len(w.token_ids) == 1]
+    decode = sorted((w for w in work if len(w.token_ids) == 1), key=lambda w: w.num_cells)
     prefill = [w for w in work if len(w.token_ids) > 1]
     ordered = tuple(decode + prefill)
     ids: list[int] = []
@@ -47,22 +79,7 @@ def build_inputs(work: Sequence[LaneWork], chunk_size: int) -> StepInputs:
         ids.extend(w.token_ids)
         positions.append(torch.arange(w.start, w.num_cells))
         writes.append(_cells(w.chunk_ids, w.start, w.num_cells, chunk_size))
-
-    decode_rows = None
-    if len(decode) == 1 and (one := _contiguous(decode[0].chunk_ids, decode[0].num_cells, chunk_size)):
-        decode_rows = DecodeRows(1, decode[0].num_cells, None, None, one)
-    elif decode:
-        lens = [w.num_cells for w in decode]
-        max_cells = max(lens)
-        index = torch.zeros(len(decode), max_cells, dtype=torch.long)
-        for r, w in enumerate(decode):
-            index[r, : w.num_cells] = _cells(w.chunk_ids, 0, w.num_cells, chunk_size)
-        bias = None
-        if min(lens) != max_cells:
-            bias = torch.zeros(len(decode), 1, max_cells)
-            for r, n in enumerate(lens):
-                bias[r, 0, n:] = float("-inf")
-        decode_rows = DecodeRows(len(decode), max_cells, index.view(-1), bias)
+    decode_groups = _decode_groups(decode, chunk_size)
 
     prefills = []
     row = len(decode)
@@ -84,7 +101,7 @@ def build_inputs(work: Sequence[LaneWork], chunk_size: int) -> StepInputs:
         if w.do_sample:
             sample_rows.append(row - 1)
             sample_work.append(w)
-    meta = AttentionMeta(torch.cat(writes), decode_rows, tuple(prefills))
+    meta = AttentionMeta(torch.cat(writes), decode_groups, tuple(prefills))
     return StepInputs(
         ordered,
         torch.tensor(ids, dtype=torch.long),
@@ -101,8 +118,10 @@ def meta_to(meta: AttentionMeta, device: torch.device) -> AttentionMeta:
     def mv(t):
         return None if t is None else t.to(device, non_blocking=True)
 
-    d = meta.decode
-    decode = None if d is None else DecodeRows(d.num_rows, d.max_cells, mv(d.cell_index), mv(d.bias), d.cell_slice)
+    decode = tuple(
+        DecodeRows(d.row_start, d.num_rows, d.max_cells, mv(d.cell_index), mv(d.bias), d.cell_slice)
+        for d in meta.decode
+    )
     prefills = tuple(
         PrefillRows(p.row_start, p.row_end, p.num_cells, p.cell_slice, mv(p.cell_index), mv(p.mask))
         for p in meta.prefills

@@ -17,23 +17,39 @@ def test_decode_rows_come_first_and_address_their_cells():
     ws = [
         work(0, [11, 12, 13], 0, [5, 2]),  # a prefill piece from position 0
         work(1, [21], 6, [0, 3]),  # a decode token at position 6: chunk 3, cell 2
-        work(2, [31], 2, [7]),
+        work(2, [31], 3, [7]),
     ]
     inp = build_inputs(ws, c)
-    assert [w.lane for w in inp.work] == [1, 2, 0]
-    assert inp.input_ids.tolist() == [21, 31, 11, 12, 13]
-    assert inp.positions.tolist() == [6, 2, 0, 1, 2]
-    assert inp.meta.write_index.tolist() == [3 * c + 2, 7 * c + 2, 5 * c, 5 * c + 1, 5 * c + 2]
-    d = inp.meta.decode
-    assert d.num_rows == 2 and d.max_cells == 7
+    assert [w.lane for w in inp.work] == [2, 1, 0]  # decoding lanes shortest first, then prefills
+    assert inp.input_ids.tolist() == [31, 21, 11, 12, 13]
+    assert inp.positions.tolist() == [3, 6, 0, 1, 2]
+    assert inp.meta.write_index.tolist() == [7 * c + 3, 3 * c + 2, 5 * c, 5 * c + 1, 5 * c + 2]
+    (d,) = inp.meta.decode  # 4 and 7 cells: within 2x of each other, one padded group
+    assert (d.row_start, d.num_rows, d.max_cells) == (0, 2, 7)
     rows = d.cell_index.view(2, 7).tolist()
-    assert rows[0] == [0, 1, 2, 3, 12, 13, 14]  # chunk 0 then chunk 3
-    assert rows[1][:3] == [28, 29, 30]
-    assert torch.isinf(d.bias[1, 0, 3:]).all() and (d.bias[1, 0, :3] == 0).all() and (d.bias[0] == 0).all()
+    assert rows[0][:4] == [28, 29, 30, 31]
+    assert rows[1] == [0, 1, 2, 3, 12, 13, 14]  # chunk 0 then chunk 3
+    assert torch.isinf(d.bias[0, 0, 4:]).all() and (d.bias[0, 0, :4] == 0).all() and (d.bias[1] == 0).all()
     (p,) = inp.meta.prefills
     assert (p.row_start, p.row_end, p.num_cells) == (2, 5, 3)
     assert p.cell_slice == slice(20, 23) and p.mask is None  # one chunk, from position 0: plain causal
     assert inp.logits_rows.tolist() == [0, 1, 4]
+
+
+def test_a_long_lane_does_not_pad_the_short_ones():
+    c = 8
+    ws = [
+        work(0, [1], 99, list(range(13))),
+        work(1, [2], 3, [20]),
+        work(2, [3], 5, [21]),
+        work(3, [4], 40, [30, 22, 23, 24, 25, 26]),
+    ]
+    inp = build_inputs(ws, c)
+    assert [w.lane for w in inp.work] == [1, 2, 3, 0]
+    groups = [(d.row_start, d.num_rows, d.max_cells) for d in inp.meta.decode]
+    assert groups == [(0, 2, 6), (2, 1, 41), (3, 1, 100)]
+    assert inp.meta.decode[2].cell_slice == slice(0, 100)  # chunks 0..12 are contiguous
+    assert inp.meta.decode[1].cell_slice is None and inp.meta.decode[1].bias is None
 
 
 def test_prefill_piece_after_cached_cells_gets_an_offset_causal_mask():
@@ -49,7 +65,7 @@ def test_prefill_piece_after_cached_cells_gets_an_offset_causal_mask():
 def test_contiguous_chunks_are_read_in_place():
     c = 4
     inp = build_inputs([work(0, [7], 9, [2, 3, 4])], c)  # a single decoding lane over chunks 2,3,4
-    d = inp.meta.decode
+    (d,) = inp.meta.decode
     assert d.cell_slice == slice(8, 18) and d.cell_index is None and d.bias is None
     two = build_inputs([work(0, [7], 9, [2, 3, 4]), work(1, [8], 0, [0])], c)
-    assert two.meta.decode.cell_slice is None  # several lanes: one batched gather
+    assert [g.cell_slice for g in two.meta.decode] == [slice(0, 1), slice(8, 18)]  # 1 and 10 cells: two groups
