@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,14 +30,39 @@ def _contiguous(chunk_ids: Sequence[int], num_cells: int, chunk_size: int) -> sl
     return None
 
 
-def _cells(chunk_ids: Sequence[int], start: int, end: int, chunk_size: int) -> torch.Tensor:
-    """Flat cell indices of positions [start, end) under a chunk table."""
-    pos = torch.arange(start, end)
-    chunks = torch.tensor(chunk_ids, dtype=torch.long)
-    return chunks[pos // chunk_size] * chunk_size + pos % chunk_size
+class ChunkCells:
+    """Flat cell indices of chunk tables, kept across steps.
+
+    A table changes only when it gains a chunk, so a lane's index is computed once per
+    chunk it grows and read as a prefix view every other step (LRU over `capacity` tables).
+    """
+
+    def __init__(self, chunk_size: int, capacity: int = 64):
+        self.chunk_size = chunk_size
+        self.capacity = capacity
+        self._tables: OrderedDict[tuple[int, ...], torch.Tensor] = OrderedDict()
+        self._offsets = torch.arange(chunk_size)
+
+    def cells(self, chunk_ids: tuple[int, ...], num_cells: int) -> torch.Tensor:
+        """[num_cells] flat cells of positions 0..num_cells-1 (a view: do not modify)."""
+        flat = self._tables.get(chunk_ids)
+        if flat is None:
+            chunks = torch.tensor(chunk_ids, dtype=torch.long)
+            flat = (chunks.unsqueeze(1) * self.chunk_size + self._offsets).view(-1)
+            self._tables[chunk_ids] = flat
+            if len(self._tables) > self.capacity:
+                self._tables.popitem(last=False)
+        else:
+            self._tables.move_to_end(chunk_ids)
+        return flat[:num_cells]
 
 
-def _decode_groups(decode: Sequence[LaneWork], chunk_size: int) -> tuple[DecodeRows, ...]:
+def _write_cells(w: LaneWork, chunk_size: int) -> list[int]:
+    """Flat cells the lane's new tokens are written to."""
+    return [w.chunk_ids[p // chunk_size] * chunk_size + p % chunk_size for p in range(w.start, w.num_cells)]
+
+
+def _decode_groups(decode: Sequence[LaneWork], cells: ChunkCells) -> tuple[DecodeRows, ...]:
     """Decode rows (sorted by length) in groups padded to their longest lane.
 
     A group never pads a lane to more than twice its own length, so one long lane does
@@ -51,13 +77,13 @@ def _decode_groups(decode: Sequence[LaneWork], chunk_size: int) -> tuple[DecodeR
         rows = decode[start:end]
         lens = [w.num_cells for w in rows]
         max_cells = lens[-1]
-        one = _contiguous(rows[0].chunk_ids, max_cells, chunk_size) if len(rows) == 1 else None
+        one = _contiguous(rows[0].chunk_ids, max_cells, cells.chunk_size) if len(rows) == 1 else None
         if one is not None:
             groups.append(DecodeRows(start, 1, max_cells, None, None, one))
         else:
             index = torch.zeros(len(rows), max_cells, dtype=torch.long)
             for r, w in enumerate(rows):
-                index[r, : w.num_cells] = _cells(w.chunk_ids, 0, w.num_cells, chunk_size)
+                index[r, : w.num_cells] = cells.cells(w.chunk_ids, w.num_cells)
             bias = None
             if lens[0] != max_cells:
                 bias = torch.zeros(len(rows), 1, max_cells)
@@ -68,25 +94,26 @@ def _decode_groups(decode: Sequence[LaneWork], chunk_size: int) -> tuple[DecodeR
     return tuple(groups)
 
 
-def build_inputs(work: Sequence[LaneWork], chunk_size: int) -> StepInputs:
+def build_inputs(work: Sequence[LaneWork], cells: ChunkCells) -> StepInputs:
+    chunk_size = cells.chunk_size
     decode = sorted((w for w in work if len(w.token_ids) == 1), key=lambda w: w.num_cells)
     prefill = [w for w in work if len(w.token_ids) > 1]
     ordered = tuple(decode + prefill)
     ids: list[int] = []
-    positions: list[torch.Tensor] = []
-    writes: list[torch.Tensor] = []
+    positions: list[int] = []
+    writes: list[int] = []
     for w in ordered:
         ids.extend(w.token_ids)
-        positions.append(torch.arange(w.start, w.num_cells))
-        writes.append(_cells(w.chunk_ids, w.start, w.num_cells, chunk_size))
-    decode_groups = _decode_groups(decode, chunk_size)
+        positions.extend(range(w.start, w.num_cells))
+        writes.extend(_write_cells(w, chunk_size))
+    decode_groups = _decode_groups(decode, cells)
 
     prefills = []
     row = len(decode)
     for w in prefill:
         n = len(w.token_ids)
         cell_slice = _contiguous(w.chunk_ids, w.num_cells, chunk_size)
-        cell_index = None if cell_slice is not None else _cells(w.chunk_ids, 0, w.num_cells, chunk_size)
+        cell_index = None if cell_slice is not None else cells.cells(w.chunk_ids, w.num_cells)
         mask = None
         if w.start > 0:
             q_pos = torch.arange(w.start, w.num_cells).unsqueeze(1)
@@ -101,11 +128,11 @@ def build_inputs(work: Sequence[LaneWork], chunk_size: int) -> StepInputs:
         if w.do_sample:
             sample_rows.append(row - 1)
             sample_work.append(w)
-    meta = AttentionMeta(torch.cat(writes), decode_groups, tuple(prefills))
+    meta = AttentionMeta(torch.tensor(writes, dtype=torch.long), decode_groups, tuple(prefills))
     return StepInputs(
         ordered,
         torch.tensor(ids, dtype=torch.long),
-        torch.cat(positions),
+        torch.tensor(positions, dtype=torch.long),
         meta,
         torch.tensor(sample_rows, dtype=torch.long),
         tuple(sample_work),

@@ -10,7 +10,7 @@ import torch
 from strata.engine.plan import StepPlan
 from strata.kv.storage import KVStorage
 from strata.models.llama import LlamaModel
-from strata.runner.inputs import build_inputs, meta_to
+from strata.runner.inputs import ChunkCells, build_inputs, meta_to
 from strata.sampler import Sampler, TokenLogprobs
 from strata.sampling import SamplingParams
 
@@ -35,6 +35,7 @@ class ModelRunner:
         self.model = model
         self.kv = kv
         self.sampler = Sampler()
+        self.cells = ChunkCells(kv.chunk_size)
         self.first_device = model.layer_devices[0]
         self.last_device = model.layer_devices[-1]
 
@@ -49,7 +50,7 @@ class ModelRunner:
         num_bytes = self.kv.copy_cells(plan.copies)
         if not plan.work:
             return StepOutput((), 0, 0, num_bytes)
-        inputs = build_inputs(plan.work, self.kv.chunk_size)
+        inputs = build_inputs(plan.work, self.cells)
         metas = {d: meta_to(inputs.meta, d) for d in self.model.devices}
         positions = {d: inputs.positions.to(d, non_blocking=True) for d in self.model.devices}
         logits = self.model.forward(
@@ -71,7 +72,7 @@ class ModelRunner:
     @torch.inference_mode()
     def logits_for(self, work: Sequence) -> torch.Tensor:
         """Float32 logits for every token row of `work` (tests compare them with transformers)."""
-        inputs = build_inputs(work, self.kv.chunk_size)
+        inputs = build_inputs(work, self.cells)
         rows = torch.arange(inputs.input_ids.numel())
         metas = {d: meta_to(inputs.meta, d) for d in self.model.devices}
         positions = {d: inputs.positions.to(d) for d in self.model.devices}

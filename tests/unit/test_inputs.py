@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from strata.engine.plan import LaneWork
-from strata.runner.inputs import build_inputs
+from strata.runner.inputs import ChunkCells, build_inputs
 
 
 def work(lane, tokens, start, chunks, sample=True):
@@ -19,7 +19,7 @@ def test_decode_rows_come_first_and_address_their_cells():
         work(1, [21], 6, [0, 3]),  # a decode token at position 6: chunk 3, cell 2
         work(2, [31], 3, [7]),
     ]
-    inp = build_inputs(ws, c)
+    inp = build_inputs(ws, ChunkCells(c))
     assert [w.lane for w in inp.work] == [2, 1, 0]  # decoding lanes shortest first, then prefills
     assert inp.input_ids.tolist() == [31, 21, 11, 12, 13]
     assert inp.positions.tolist() == [3, 6, 0, 1, 2]
@@ -44,7 +44,7 @@ def test_a_long_lane_does_not_pad_the_short_ones():
         work(2, [3], 5, [21]),
         work(3, [4], 40, [30, 22, 23, 24, 25, 26]),
     ]
-    inp = build_inputs(ws, c)
+    inp = build_inputs(ws, ChunkCells(c))
     assert [w.lane for w in inp.work] == [1, 2, 3, 0]
     groups = [(d.row_start, d.num_rows, d.max_cells) for d in inp.meta.decode]
     assert groups == [(0, 2, 6), (2, 1, 41), (3, 1, 100)]
@@ -54,7 +54,7 @@ def test_a_long_lane_does_not_pad_the_short_ones():
 
 def test_prefill_piece_after_cached_cells_gets_an_offset_causal_mask():
     c = 4
-    inp = build_inputs([work(0, [1, 2, 3], 5, [9, 4, 6], sample=False)], c)  # chunks not contiguous
+    inp = build_inputs([work(0, [1, 2, 3], 5, [9, 4, 6], sample=False)], ChunkCells(c))  # chunks not contiguous
     (p,) = inp.meta.prefills
     assert p.cell_slice is None
     assert p.cell_index.tolist() == [36, 37, 38, 39, 16, 17, 18, 19]
@@ -64,8 +64,18 @@ def test_prefill_piece_after_cached_cells_gets_an_offset_causal_mask():
 
 def test_contiguous_chunks_are_read_in_place():
     c = 4
-    inp = build_inputs([work(0, [7], 9, [2, 3, 4])], c)  # a single decoding lane over chunks 2,3,4
+    inp = build_inputs([work(0, [7], 9, [2, 3, 4])], ChunkCells(c))  # a single decoding lane over chunks 2,3,4
     (d,) = inp.meta.decode
     assert d.cell_slice == slice(8, 18) and d.cell_index is None and d.bias is None
-    two = build_inputs([work(0, [7], 9, [2, 3, 4]), work(1, [8], 0, [0])], c)
+    two = build_inputs([work(0, [7], 9, [2, 3, 4]), work(1, [8], 0, [0])], ChunkCells(c))
     assert [g.cell_slice for g in two.meta.decode] == [slice(0, 1), slice(8, 18)]  # 1 and 10 cells: two groups
+
+
+def test_chunk_cells_are_kept_across_steps():
+    cells = ChunkCells(4, capacity=2)
+    a = cells.cells((3, 1), 6)
+    assert a.tolist() == [12, 13, 14, 15, 4, 5]
+    assert cells.cells((3, 1), 7).data_ptr() == a.data_ptr()  # the same table: a view, not recomputed
+    cells.cells((0,), 1)
+    cells.cells((2,), 1)  # a third table evicts the least recently used, (3, 1)
+    assert cells.cells((3, 1), 2).data_ptr() != a.data_ptr()
