@@ -44,8 +44,10 @@ def arm_strata(args) -> dict:
 
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
+    # 128-cell chunks: each lane reserves about what it uses, as transformers' static cache does.
     engine = Engine(EngineConfig(dtype="bfloat16", weights=args.weights, max_context=args.prompt + args.new + 8,
-                                 batch=LANES - 1, prefill_chunk=args.prompt, threads=args.threads), progress=False)
+                                 batch=LANES - 1, kv_chunk=128, prefill_chunk=args.prompt, threads=args.threads),
+                    progress=False)
     load_s = time.perf_counter() - t0
     tok = engine.tokenizer
 

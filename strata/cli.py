@@ -27,7 +27,9 @@ SAMPLING_FLAGS = {
 }
 
 
-def add_engine_args(p: argparse.ArgumentParser, default_batch: int = 0) -> None:
+def add_engine_args(
+    p: argparse.ArgumentParser, default_batch: int = 0, default_prefill_chunk: int = DEFAULT_PREFILL_CHUNK
+) -> None:
     g = p.add_argument_group("engine")
     g.add_argument("--model", "-m", default=None, help="a .gguf file or a Hugging Face directory (default: the embedded SmolLM2-135M-Instruct)")
     g.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="compute dtype of the weights")
@@ -37,7 +39,7 @@ def add_engine_args(p: argparse.ArgumentParser, default_batch: int = 0) -> None:
     g.add_argument("--batch", "--slots", dest="batch", type=int, default=default_batch, help="batch slots besides the main session")
     g.add_argument("--kv-chunk", type=int, default=DEFAULT_KV_CHUNK, help="cells per chunk")
     g.add_argument("--kv-pool-tokens", type=int, default=None, help="one shared pool of N cells per layer for all lanes")
-    g.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK, help="prompt tokens read per step")
+    g.add_argument("--prefill-chunk", type=int, default=default_prefill_chunk, help="prompt tokens read per step")
     g.add_argument("--devices", type=parse_devices, default=("cpu",), help="comma-separated devices for a layer split, e.g. cpu,cpu")
     g.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
     g.add_argument("--memory-guard-mib", type=int, default=DEFAULT_MEMORY_GUARD_MIB, help="refuse to start if less would stay available")

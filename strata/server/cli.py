@@ -24,6 +24,9 @@ from strata.server.settings import (
 
 log = logging.getLogger("strata.server")
 SERVE_DEFAULT_BATCH = 3
+# Prompt tokens per step while serving: a step that also reads a prompt piece stays near
+# 200 ms with 8 lanes decoding on 2 cores (benchmarks/serve.py), so no stream stalls long.
+SERVE_DEFAULT_PREFILL_CHUNK = 96
 
 
 def add_serve_parser(
@@ -67,7 +70,7 @@ def add_serve_parser(
         default=DEFAULT_SSE_KEEPALIVE_S,
         help="seconds between SSE keep-alive comments; a stream waiting this long for a lane starts",
     )
-    add_engine_args(s, default_batch=SERVE_DEFAULT_BATCH)
+    add_engine_args(s, default_batch=SERVE_DEFAULT_BATCH, default_prefill_chunk=SERVE_DEFAULT_PREFILL_CHUNK)
     s.set_defaults(func=cmd_serve)
 
 
