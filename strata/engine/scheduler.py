@@ -23,9 +23,10 @@ from strata.engine.admission import (
 )
 from strata.engine.cache import ConversationCache
 from strata.engine.conversation import Conversation, Lane, Sequence
+from strata.engine.invariants import check_invariants
 from strata.engine.plan import Admission, LaneWork, PoolCounters, Refusal, StepPlan
 from strata.kv.layout import KVLayout
-from strata.kv.table import CellCopy, is_writable
+from strata.kv.table import CellCopy
 
 
 @dataclass(frozen=True)
@@ -322,28 +323,4 @@ class Scheduler:
 
     def check(self) -> None:
         """Every invariant of lanes, conversations and the pool (tests call it after each step)."""
-        pool = self.layout.pool
-        pool.check()
-        refs: dict[int, int] = {}
-        for conv in self.cache:
-            assert len(conv.token_ids) == conv.num_cells, (conv.conv_id, len(conv.token_ids), conv.num_cells)
-            assert conv.num_cells <= conv.table.cell_capacity(pool.chunk_size)
-            if conv.lane is not None:
-                assert self.lanes[conv.lane].conv is conv
-            for i in conv.table.chunk_ids:
-                refs[i] = refs.get(i, 0) + 1
-        for lane in self.lanes:
-            if lane.conv is not None:
-                assert lane.conv.lane == lane.index and self.cache.get(lane.conv.conv_id) is lane.conv
-            if lane.seq is not None:
-                assert lane.seq.conv is lane.conv and lane.conv.is_active
-        for seq in self.seqs.values():
-            assert self.lanes[seq.lane].seq is seq
-        if self.layout.is_pooled:
-            for i in range(pool.num_total):
-                assert refs.get(i, 0) == pool.refcount(i), f"chunk {i}: {refs.get(i, 0)} tables, refcount {pool.refcount(i)}"
-            for conv in self.cache:
-                if conv.is_active:
-                    assert is_writable(conv.table, pool), f"conversation {conv.conv_id} writes a shared chunk"
-        else:
-            assert all(n == 1 for n in refs.values()), "a reserved chunk is in two tables"
+        check_invariants(self.layout, self.lanes, self.cache, self.seqs)

@@ -1,0 +1,50 @@
+"""The scheduler's invariants, checked by tests after every step (and by `Scheduler.check`).
+
+- the pool's own accounting holds: `free + held == total`;
+- every held conversation has exactly one cell per listed token, within its table;
+- lanes and conversations point at each other consistently; a busy lane's sequence
+  extends the lane's conversation;
+- pooled: a chunk's refcount equals the number of tables holding it, and the chunk an
+  active conversation writes next is never shared; reserved: no chunk is in two tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from strata.engine.cache import ConversationCache
+from strata.engine.conversation import Lane
+from strata.engine.conversation import Sequence as Seq
+from strata.kv.layout import KVLayout
+from strata.kv.table import is_writable
+
+
+def check_invariants(
+    layout: KVLayout, lanes: Sequence[Lane], cache: ConversationCache, seqs: Mapping[str, Seq]
+) -> None:
+    pool = layout.pool
+    pool.check()
+    refs: dict[int, int] = {}
+    for conv in cache:
+        assert len(conv.token_ids) == conv.num_cells, (conv.conv_id, len(conv.token_ids), conv.num_cells)
+        assert conv.num_cells <= conv.table.cell_capacity(pool.chunk_size)
+        if conv.lane is not None:
+            assert lanes[conv.lane].conv is conv
+        for i in conv.table.chunk_ids:
+            refs[i] = refs.get(i, 0) + 1
+    for lane in lanes:
+        if lane.conv is not None:
+            assert lane.conv.lane == lane.index and cache.get(lane.conv.conv_id) is lane.conv
+        if lane.seq is not None:
+            assert lane.seq.conv is lane.conv and lane.conv.is_active
+    for seq in seqs.values():
+        assert lanes[seq.lane].seq is seq
+    if layout.is_pooled:
+        for i in range(pool.num_total):
+            n = refs.get(i, 0)
+            assert n == pool.refcount(i), f"chunk {i}: {n} tables, refcount {pool.refcount(i)}"
+        for conv in cache:
+            if conv.is_active:
+                assert is_writable(conv.table, pool), f"conversation {conv.conv_id} writes a shared chunk"
+    else:
+        assert all(n == 1 for n in refs.values()), "a reserved chunk is in two tables"
