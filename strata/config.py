@@ -9,6 +9,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from strata.errors import ConfigError
+from strata.kv.table import chunks_for
 
 DTYPES = ("float32", "bfloat16")
 KV_DTYPES = ("f32", "f16", "bf16")
@@ -95,11 +96,6 @@ def validate(cfg: EngineConfig) -> None:
         _positive_int(cfg.kv_pool_tokens, "--kv-pool-tokens")
         if cfg.max_context is not None:
             check_pool_covers_context(cfg.kv_pool_tokens, cfg.max_context, cfg.kv_chunk)
-
-
-def chunks_for(num_cells: int, kv_chunk: int) -> int:
-    """How many chunks cover `num_cells` cells."""
-    return -(-num_cells // kv_chunk)
 
 
 def check_pool_covers_context(kv_pool_tokens: int, max_context: int, kv_chunk: int) -> None:

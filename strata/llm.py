@@ -48,21 +48,28 @@ class LLM:
             params = [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts need as many SamplingParams, got {len(params)}")
-        ids = [self.engine.add_request(p, sp) for p, sp in zip(prompts, params)]
-        prompt_ids = {i: tuple(self.engine.requests[i].prompt_ids) for i in ids}
-        tokens: dict[str, list[int]] = {i: [] for i in ids}
-        texts: dict[str, list[str]] = {i: [] for i in ids}
-        done = {}
-        while len(done) < len(ids):
-            for out in self.engine.step():
-                if out.request_id not in tokens:
-                    continue
-                tokens[out.request_id].extend(out.new_token_ids)
-                texts[out.request_id].append(out.new_text)
-                if out.error is not None:
-                    raise out.error
-                if out.finished:
-                    done[out.request_id] = out
+        ids: list[str] = []
+        try:  # a bad prompt or a refusal ends the call and leaves nothing queued behind it
+            for p, sp in zip(prompts, params):
+                ids.append(self.engine.add_request(p, sp))
+            prompt_ids = {i: tuple(self.engine.requests[i].prompt_ids) for i in ids}
+            tokens: dict[str, list[int]] = {i: [] for i in ids}
+            texts: dict[str, list[str]] = {i: [] for i in ids}
+            done = {}
+            while len(done) < len(ids):
+                for out in self.engine.step():
+                    if out.request_id not in tokens:
+                        continue
+                    tokens[out.request_id].extend(out.new_token_ids)
+                    texts[out.request_id].append(out.new_text)
+                    if out.error is not None:
+                        raise out.error
+                    if out.finished:
+                        done[out.request_id] = out
+        except BaseException:
+            for i in ids:
+                self.engine.abort(i)
+            raise
         return [
             Completion(
                 i, prompt_ids[i], tuple(tokens[i]), "".join(texts[i]), done[i].finish_reason,

@@ -82,17 +82,40 @@ def choose_victims(
 def plan_admission(
     prompt_ids: list[int], lanes: list[Lane], cache: ConversationCache, layout: KVLayout
 ) -> AdmissionPlan | NoRoom | None:
-    """None when no lane is free (the request waits)."""
+    """None when no lane is free (the request waits).
+
+    The room asked for covers the prompt and the first token it will decode, so an
+    admitted request is never ended by the pool before it has produced anything.
+    """
     num_prompt = len(prompt_ids)
     source, num_shared = cache.longest_prefix(prompt_ids)
     num_shared = min(num_shared, num_prompt - 1)  # at least one token is fed to get logits
     if source is None or num_shared == 0:
-        source, reuse = None, Reuse.NONE
-    elif not source.is_active and num_shared == source.num_cells:
-        reuse = Reuse.EXTEND
-    else:
-        reuse = Reuse.FORK
+        return _plan(Reuse.NONE, None, 0, num_prompt, lanes, cache, layout)
+    reuse = Reuse.EXTEND if not source.is_active and num_shared == source.num_cells else Reuse.FORK
+    plan = _plan(reuse, source, num_shared, num_prompt, lanes, cache, layout)
+    if not isinstance(plan, NoRoom) or source.is_active:
+        return plan
+    # The idle conversation sharing the prefix holds the room itself: rather than refuse
+    # every request that shares its prefix, it gives way: its tail first (a branch in
+    # place keeps the shared prefix), then all of it.
+    if reuse is Reuse.FORK:
+        in_place = _plan(Reuse.EXTEND, source, num_shared, num_prompt, lanes, cache, layout)
+        if not isinstance(in_place, NoRoom):
+            return in_place
+    fresh = _plan(Reuse.NONE, None, 0, num_prompt, lanes, cache, layout)
+    return fresh if not isinstance(fresh, NoRoom) else plan
 
+
+def _plan(
+    reuse: Reuse,
+    source: Conversation | None,
+    num_shared: int,
+    num_prompt: int,
+    lanes: list[Lane],
+    cache: ConversationCache,
+    layout: KVLayout,
+) -> AdmissionPlan | NoRoom | None:
     if reuse is Reuse.EXTEND and source.lane is not None:
         lane = lanes[source.lane]
     else:
@@ -102,20 +125,23 @@ def plan_admission(
         if reuse is Reuse.FORK and lane.conv is source and not layout.is_pooled:
             reuse = Reuse.EXTEND  # a reserved lane cannot fork into itself: branch in place
 
-    held = need = 0
+    held = need = freed = 0
     if reuse is Reuse.EXTEND:
         held = len(source.table.chunk_ids)
-        need = layout.num_chunks_to_truncate(source.table, num_shared) if num_shared < source.num_cells else 0
+        if num_shared < source.num_cells:  # a branch in place: the tail gives way first
+            need = layout.num_chunks_to_truncate(source.table, num_shared)
+            freed = layout.num_freed_by_truncate(source.table, num_shared)
+            held = chunks_for(num_shared, layout.chunk_size)
     elif reuse is Reuse.FORK:
         held = chunks_for(num_shared, layout.chunk_size)
         need = layout.num_chunks_to_fork(num_shared)
-    need += layout.num_chunks_to_grow_from(held, num_prompt)
+    need += layout.num_chunks_to_grow_from(held, num_prompt + 1)
 
     protect = (source,) if source is not None else ()
-    victims = choose_victims(cache, layout, need - layout.pool.num_free, protect)
+    victims = choose_victims(cache, layout, need - layout.pool.num_free - freed, protect)
     if victims is None:
         everyone = layout.num_freed_by_release(v.table for v in cache.idle_lru(exclude=protect))
-        return NoRoom(need, layout.pool.num_free + everyone)
+        return NoRoom(need, layout.pool.num_free + freed + everyone)
     return AdmissionPlan(
         lane=lane.index,
         reuse=reuse,

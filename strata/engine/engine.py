@@ -27,6 +27,7 @@ from strata.errors import ContextLengthExceeded, PoolFullError, RequestError
 from strata.kv.layout import KVLayout, PooledLayout
 from strata.kv.reserve import ReservedLayout
 from strata.kv.storage import KV_TORCH_DTYPES, KVStorage
+from strata.kv.table import chunks_for
 from strata.loader import ModelSource, open_model
 from strata.models.build import TORCH_DTYPES, build_model
 from strata.models.config import ModelConfig
@@ -84,7 +85,6 @@ class Engine:
         self.requests: dict[str, RequestState] = {}
         self._ids = itertools.count()
         self._step_seconds: deque[float] = deque(maxlen=32)
-        self.num_bytes_copied = 0
 
     # ---- requests ---------------------------------------------------------------------
     def add_request(
@@ -135,7 +135,6 @@ class Engine:
         params = {w.request_id: self.requests[w.request_id].params for w in plan.work}
         generators = {w.request_id: self.requests[w.request_id].generator for w in plan.work}
         result = self.runner.execute(plan, params, generators)
-        self.num_bytes_copied += result.num_bytes_copied
         for s in result.sampled:
             state = self.requests[s.request_id]
             can_continue = self.scheduler.on_sampled(s.request_id, s.token_id)
@@ -175,9 +174,7 @@ class Engine:
     # ---- conversations between lanes -----------------------------------------------------
     def move(self, src_lane: int, dst_lane: int) -> int:
         """Move an idle conversation between lanes; returns the K/V bytes copied (0 when pooled)."""
-        num_bytes = self.kv.copy_cells(self.scheduler.move(src_lane, dst_lane))
-        self.num_bytes_copied += num_bytes
-        return num_bytes
+        return self.kv.copy_cells(self.scheduler.move(src_lane, dst_lane))
 
     def restore(self, token_ids: Sequence[int], checkpoints: Sequence[int] = (), lane: int | None = None):
         """Hold a conversation of `token_ids` whose K/V the caller writes into its table next.
@@ -190,8 +187,7 @@ class Engine:
         conv = self.scheduler.restore(list(token_ids), list(checkpoints), lane)
         if conv is None:
             pool = self.layout.pool
-            need = -(-len(token_ids) // pool.chunk_size)
-            raise PoolFullError(need, pool.num_free, self.retry_after())
+            raise PoolFullError(chunks_for(len(token_ids), pool.chunk_size), pool.num_free, self.retry_after())
         return conv
 
     def park(self, lane: int) -> None:

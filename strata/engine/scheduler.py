@@ -11,7 +11,6 @@ tokens in all, so long prompts are read between decode steps.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 
 from strata.engine.admission import (
     AdmissionPlan,
@@ -24,20 +23,11 @@ from strata.engine.admission import (
 from strata.engine.cache import ConversationCache
 from strata.engine.conversation import Conversation, Lane, Sequence
 from strata.engine.invariants import check_invariants
-from strata.engine.plan import Admission, LaneWork, PoolCounters, Refusal, StepPlan
+from strata.engine.plan import Admission, PoolCounters, Refusal, StepPlan
+from strata.engine.stats import PoolStats, pool_stats
+from strata.engine.work import build_work
 from strata.kv.layout import KVLayout
 from strata.kv.table import CellCopy
-
-
-@dataclass(frozen=True)
-class PoolStats:
-    num_chunks_total: int
-    num_chunks_held: int
-    num_chunks_free: int
-    num_chunks_parked: int  # held only by idle conversations
-    num_conversations_parked: int
-    chunks_per_lane: tuple[int, ...]
-    chunk_size: int
 
 
 class Scheduler:
@@ -65,11 +55,14 @@ class Scheduler:
         return seq.conv.num_cells + 1 <= self.max_context
 
     def finish(self, request_id: str) -> None:
-        """The request is done: its conversation stays cached, idle in its lane."""
+        """The request is done: its conversation stays cached, idle in its lane, holding
+        only the chunks its cells use (room grown for tokens never fed goes back)."""
         seq = self.seqs.pop(request_id)
         self.lanes[seq.lane].seq = None
-        seq.conv.is_active = False
-        self.cache.touch(seq.conv)
+        conv = seq.conv
+        assert not self.layout.truncate(conv.table, conv.num_cells)  # the written chunk is private
+        conv.is_active = False
+        self.cache.touch(conv)
 
     def abort(self, request_id: str) -> bool:
         """Cancel a waiting or running request; a running one gives its chunks back.
@@ -116,7 +109,7 @@ class Scheduler:
                 continue
             copies += self._admit(request_id, prompt_ids, plan)
             admitted.append(Admission(request_id, plan.lane, plan.num_cached))
-        return StepPlan(tuple(copies), self._build_work(), tuple(admitted), tuple(refused), truncated)
+        return StepPlan(tuple(copies), build_work(self.seqs.values(), self.prefill_chunk), tuple(admitted), tuple(refused), truncated)
 
     def _admit(self, request_id: str, prompt_ids: list[int], plan: AdmissionPlan) -> list[CellCopy]:
         self._evict(plan.victims)
@@ -142,7 +135,7 @@ class Scheduler:
             conv = Conversation(self.cache.new_id(), self.layout.new_table(lane.index))
             self.cache.add(conv)
         self.counters.num_cells_copied += sum(c.num_cells for c in copies)
-        self.layout.grow(conv.table, len(prompt_ids))
+        self.layout.grow(conv.table, len(prompt_ids) + 1)  # the prompt and its first decoded token
         conv.lane, conv.is_active = lane.index, True
         conv.add_checkpoint(plan.num_cached)
         self.cache.touch(conv)
@@ -178,30 +171,6 @@ class Scheduler:
         for seq in sorted(needs, key=lambda s: s.order):
             self.layout.grow(seq.conv.table, seq.conv.num_cells + 1)
         return tuple(truncated)
-
-    def _build_work(self) -> tuple[LaneWork, ...]:
-        work = []
-        budget = self.prefill_chunk
-        for seq in sorted(self.seqs.values(), key=lambda s: s.order):
-            conv = seq.conv
-            start = conv.num_cells
-            if seq.is_prefilling:
-                n = min(seq.num_prompt_left, budget)
-                if n == 0:
-                    continue
-                budget -= n
-                tokens = seq.prompt_ids[start : start + n]
-                do_sample = start + n == len(seq.prompt_ids)
-            elif seq.pending is not None:
-                tokens, seq.pending, do_sample = [seq.pending], None, True
-            else:
-                continue
-            conv.token_ids.extend(tokens)
-            conv.table.num_cells = start + len(tokens)
-            work.append(
-                LaneWork(seq.lane, seq.request_id, tuple(tokens), start, tuple(conv.table.chunk_ids), do_sample)
-            )
-        return tuple(work)
 
     # ---- conversations between lanes ---------------------------------------------------
     def move(self, src_lane: int, dst_lane: int) -> list[CellCopy]:
@@ -308,18 +277,7 @@ class Scheduler:
         return bool(self.seqs) or bool(self.waiting)
 
     def stats(self) -> PoolStats:
-        active = {i for s in self.seqs.values() for i in s.conv.table.chunk_ids}
-        idle = {i for c in self.cache.idle_lru() for i in c.table.chunk_ids}
-        pool = self.layout.pool
-        return PoolStats(
-            num_chunks_total=pool.num_total,
-            num_chunks_held=pool.num_held,
-            num_chunks_free=pool.num_free,
-            num_chunks_parked=len(idle - active),
-            num_conversations_parked=sum(1 for c in self.cache if not c.is_active),
-            chunks_per_lane=tuple(self.layout.num_chunks_in_lane(lane.index, lane.conv.table if lane.conv else None) for lane in self.lanes),
-            chunk_size=pool.chunk_size,
-        )
+        return pool_stats(self.layout, self.lanes, self.cache)
 
     def check(self) -> None:
         """Every invariant of lanes, conversations and the pool (tests call it after each step)."""

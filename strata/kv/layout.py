@@ -59,6 +59,10 @@ class KVLayout(ABC):
     def truncate(self, table: ChunkTable, num_cells: int) -> list[CellCopy]: ...
 
     @abstractmethod
+    def num_freed_by_truncate(self, table: ChunkTable, num_cells: int) -> int:
+        """Chunks truncating `table` to `num_cells` would free (nothing is changed)."""
+
+    @abstractmethod
     def release(self, table: ChunkTable) -> None:
         """The conversation holding `table` is gone."""
 
@@ -100,6 +104,9 @@ class PooledLayout(KVLayout):
 
     def truncate(self, table: ChunkTable, num_cells: int) -> list[CellCopy]:
         return tbl.truncate(table, self.pool, num_cells)
+
+    def num_freed_by_truncate(self, table: ChunkTable, num_cells: int) -> int:
+        return self.pool.num_freed_by_release(table.chunk_ids[tbl.chunks_for(num_cells, self.chunk_size) :])
 
     def release(self, table: ChunkTable) -> None:
         tbl.release(table, self.pool)

@@ -56,6 +56,9 @@ class ReservedLayout(KVLayout):
         table.num_cells = num_cells
         return []
 
+    def num_freed_by_truncate(self, table: ChunkTable, num_cells: int) -> int:
+        return 0
+
     def release(self, table: ChunkTable) -> None:
         table.num_cells = 0  # the lane keeps its reservation
 

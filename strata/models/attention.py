@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 
 @dataclass(frozen=True)
@@ -32,14 +33,14 @@ class DecodeRows:
 
 @dataclass(frozen=True)
 class PrefillRows:
-    """`row_end - row_start` new tokens of one lane, reading `num_cells` cells."""
+    """`row_end - row_start` new tokens of one lane, reading `num_cells` cells: the new
+    tokens are the last of those cells, each attending to the cells up to its own."""
 
     row_start: int
     row_end: int
     num_cells: int
     cell_slice: slice | None  # the lane's cells are flat[slice] when contiguous
     cell_index: torch.Tensor | None  # else: [num_cells] flat cells
-    mask: torch.Tensor | None  # [rows, num_cells] bool, True = attend; None: plain causal
 
 
 @dataclass(frozen=True)
@@ -74,12 +75,16 @@ def attend(
         else:
             kc, vc = k_cache[:, p.cell_index], v_cache[:, p.cell_index]  # gathers (4x index_select's speed)
         qp = q[p.row_start : p.row_end].transpose(0, 1).unsqueeze(0)  # [1, heads, rows, dim]
+        rows = p.row_end - p.row_start
+        # Causal, aligned to the last cell: rows after cached cells see all of those (no
+        # mask is materialised; SDPA skips the blocks it masks).
+        mask = causal_lower_right(rows, p.num_cells) if 1 < rows < p.num_cells else None
         o = F.scaled_dot_product_attention(
             qp,
             kc.unsqueeze(0).to(q.dtype),
             vc.unsqueeze(0).to(q.dtype),
-            attn_mask=p.mask,
-            is_causal=p.mask is None and p.row_end - p.row_start > 1,
+            attn_mask=mask,
+            is_causal=rows == p.num_cells and rows > 1,
             enable_gqa=num_heads != num_kv_heads,
         )
         out[p.row_start : p.row_end] = o[0].transpose(0, 1)

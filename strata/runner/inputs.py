@@ -80,6 +80,8 @@ def _decode_groups(decode: Sequence[LaneWork], cells: ChunkCells) -> tuple[Decod
         one = _contiguous(rows[0].chunk_ids, max_cells, cells.chunk_size) if len(rows) == 1 else None
         if one is not None:
             groups.append(DecodeRows(start, 1, max_cells, None, None, one))
+        elif len(rows) == 1:  # the kept index itself: no padding, no copy
+            groups.append(DecodeRows(start, 1, max_cells, cells.cells(rows[0].chunk_ids, max_cells), None))
         else:
             index = torch.zeros(len(rows), max_cells, dtype=torch.long)
             for r, w in enumerate(rows):
@@ -114,11 +116,7 @@ def build_inputs(work: Sequence[LaneWork], cells: ChunkCells) -> StepInputs:
         n = len(w.token_ids)
         cell_slice = _contiguous(w.chunk_ids, w.num_cells, chunk_size)
         cell_index = None if cell_slice is not None else cells.cells(w.chunk_ids, w.num_cells)
-        mask = None
-        if w.start > 0:
-            q_pos = torch.arange(w.start, w.num_cells).unsqueeze(1)
-            mask = torch.arange(w.num_cells).unsqueeze(0) <= q_pos  # [rows, cells]
-        prefills.append(PrefillRows(row, row + n, w.num_cells, cell_slice, cell_index, mask))
+        prefills.append(PrefillRows(row, row + n, w.num_cells, cell_slice, cell_index))
         row += n
 
     sample_rows, sample_work = [], []
@@ -150,7 +148,7 @@ def meta_to(meta: AttentionMeta, device: torch.device) -> AttentionMeta:
         for d in meta.decode
     )
     prefills = tuple(
-        PrefillRows(p.row_start, p.row_end, p.num_cells, p.cell_slice, mv(p.cell_index), mv(p.mask))
+        PrefillRows(p.row_start, p.row_end, p.num_cells, p.cell_slice, mv(p.cell_index))
         for p in meta.prefills
     )
     return AttentionMeta(mv(meta.write_index), decode, prefills)

@@ -25,9 +25,6 @@ class Sampled:
 @dataclass(frozen=True)
 class StepOutput:
     sampled: tuple[Sampled, ...]
-    num_tokens: int  # tokens fed this step (prefill pieces and decode tokens)
-    num_prefill_tokens: int
-    num_bytes_copied: int  # K/V copied before the forward (forks, reserved-layout moves)
 
 
 class ModelRunner:
@@ -47,9 +44,9 @@ class ModelRunner:
         generators: Mapping[str, torch.Generator | None],
     ) -> StepOutput:
         """Runs `plan`'s copies and forward; samples one token for each lane that samples."""
-        num_bytes = self.kv.copy_cells(plan.copies)
+        self.kv.copy_cells(plan.copies)
         if not plan.work:
-            return StepOutput((), 0, 0, num_bytes)
+            return StepOutput(())
         inputs = build_inputs(plan.work, self.cells)
         metas = {d: meta_to(inputs.meta, d) for d in self.model.devices}
         positions = {d: inputs.positions.to(d, non_blocking=True) for d in self.model.devices}
@@ -65,9 +62,7 @@ class ModelRunner:
         if ids:
             out = self.sampler.sample(logits, [params[i] for i in ids], [generators[i] for i in ids])
             sampled = tuple(Sampled(i, t, lp) for i, t, lp in zip(ids, out.token_ids, out.logprobs))
-        num_tokens = int(inputs.input_ids.numel())
-        num_prefill = sum(len(w.token_ids) for w in plan.work if len(w.token_ids) > 1)
-        return StepOutput(sampled, num_tokens, num_prefill, num_bytes)
+        return StepOutput(sampled)
 
     @torch.inference_mode()
     def logits_for(self, work: Sequence) -> torch.Tensor:

@@ -170,14 +170,15 @@ class EngineLoop:
             log.exception("the engine loop stopped")
             self.load_error, self.state = exc, "failed"
             error = ServerError(f"the engine loop stopped: {exc}")
-            self._post([(request_id, Failed(error)) for request_id in list(engine.requests)])
+            self._post([(request_id, Failed(error)) for request_id in self._accepted(engine)])
 
     def _serve(self, engine: Engine) -> None:
         while True:
             batch: list[tuple[str, Event]] = []
-            for command in self._drain(block=not engine.has_work):
+            commands = self._drain(block=not engine.has_work)
+            for i, command in enumerate(commands):
                 if command is _STOP:
-                    self._shutdown(engine)
+                    self._shutdown(engine, batch, commands[i + 1 :])
                     return
                 batch += self._apply(engine, command)
             if engine.has_work:
@@ -260,7 +261,7 @@ class EngineLoop:
     def _fail_all(self, engine: Engine, exc: Exception) -> list[tuple[str, Event]]:
         error = ServerError(f"the engine failed: {exc}")
         batch: list[tuple[str, Event]] = []
-        for request_id in list(engine.requests):
+        for request_id in self._accepted(engine):
             try:
                 engine.abort(request_id)
             except Exception:
@@ -272,9 +273,20 @@ class EngineLoop:
         self._last_token.clear()
         return batch
 
-    def _shutdown(self, engine: Engine) -> None:
-        for request_id in list(engine.requests):
-            engine.abort(request_id)
+    def _accepted(self, engine: Engine) -> list[str]:
+        """Every request this loop took and has not ended: in the engine, or ended by a
+        step whose events were lost because the step failed."""
+        return list(dict.fromkeys([*engine.requests, *self._arrival]))
+
+    def _shutdown(self, engine: Engine, batch: list[tuple[str, Event]], unread: list) -> None:
+        """Every open request, and every one still queued, ends with a final event."""
+        error = NotReady("the server is shutting down", code="shutting_down")
+        for request_id in self._accepted(engine):
+            if request_id in engine.requests:
+                engine.abort(request_id)
+            batch.append((request_id, Failed(error)))
+        batch += [(c.request_id, Failed(error)) for c in unread if isinstance(c, _Add)]
+        self._post(batch)
         self.state = "stopped"
         self.snapshot = take_snapshot(engine)
 

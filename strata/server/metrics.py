@@ -82,6 +82,11 @@ class PoolCollector(Collector):
                 counters.num_cells_copied,
             ),
             (
+                "strata_kv_bytes_copied",
+                "K/V bytes copied (forks, reserved-layout moves; 0 for pool moves)",
+                counters.num_cells_copied * snap.bytes_per_cell,
+            ),
+            (
                 "strata_kv_cached_tokens",
                 "prompt tokens whose K/V were reused",
                 counters.num_cached_tokens,

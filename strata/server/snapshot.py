@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from strata.engine.engine import Engine
 from strata.engine.plan import PoolCounters
-from strata.engine.scheduler import PoolStats
+from strata.engine.stats import PoolStats
 
 
 @dataclass(frozen=True)

@@ -67,7 +67,7 @@ def reference(engines, prompt: list[int]) -> list[int]:
     return run(engine, [prompt])[0]
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(prompts=st.lists(prompts_st, min_size=1, max_size=4), layout=st.sampled_from(LAYOUTS))
 def test_batched_equals_one_at_a_time(engines, prompts, layout):
     engine = engines(*layout)
@@ -75,7 +75,7 @@ def test_batched_equals_one_at_a_time(engines, prompts, layout):
     assert run(engine, prompts) == [reference(engines, p) for p in prompts]
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(first=prompts_st, follow=st.lists(st.integers(3, 40000), min_size=1, max_size=20),
        layout=st.sampled_from(LAYOUTS), action=st.sampled_from(["stay", "move", "park"]))
 def test_follow_up_after_move_or_park_equals_cold(engines, first, follow, layout, action):
@@ -94,7 +94,7 @@ def test_follow_up_after_move_or_park_equals_cold(engines, first, follow, layout
     assert got == reference(engines, prompt)
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(first=st.lists(st.integers(3, 40000), min_size=4, max_size=60), cut=st.floats(0.1, 0.9),
        branch=st.lists(st.integers(3, 40000), min_size=1, max_size=20), layout=st.sampled_from(LAYOUTS),
        concurrent=st.booleans())

@@ -32,7 +32,7 @@ def test_decode_rows_come_first_and_address_their_cells():
     assert torch.isinf(d.bias[0, 0, 4:]).all() and (d.bias[0, 0, :4] == 0).all() and (d.bias[1] == 0).all()
     (p,) = inp.meta.prefills
     assert (p.row_start, p.row_end, p.num_cells) == (2, 5, 3)
-    assert p.cell_slice == slice(20, 23) and p.mask is None  # one chunk, from position 0: plain causal
+    assert p.cell_slice == slice(20, 23)  # one chunk: read in place
     assert inp.logits_rows.tolist() == [0, 1, 4]
 
 
@@ -58,7 +58,7 @@ def test_prefill_piece_after_cached_cells_gets_an_offset_causal_mask():
     (p,) = inp.meta.prefills
     assert p.cell_slice is None
     assert p.cell_index.tolist() == [36, 37, 38, 39, 16, 17, 18, 19]
-    assert p.mask.tolist() == [[j <= 5 + i for j in range(8)] for i in range(3)]
+    assert (p.row_start, p.row_end, p.num_cells) == (0, 3, 8)  # rows 5..7 of 8 cells
     assert inp.logits_rows.tolist() == [] and inp.sample_work == ()
 
 

@@ -185,22 +185,25 @@ def test_branch_pooled_shares_full_chunks_and_copies_the_partial_one():
     p = d.step()
     assert p.admitted == (Admission("br", 1, 6),)  # an empty lane: the original stays in lane 0
     assert p.copies == (CellCopy(src_chunk=1, dst_chunk=3, start=0, num_cells=2),)
-    assert p.work == (LaneWork(1, "br", (90, 91), 6, (0, 3), True),)
-    assert refcounts(s) == [2, 1, 1, 1, 0, 0, 0, 0]
+    # 8 cells fill [0, 3]; chunk 4 is the room for the token it decodes first
+    assert p.work == (LaneWork(1, "br", (90, 91), 6, (0, 3, 4), True),)
+    assert refcounts(s) == [2, 1, 1, 1, 1, 0, 0, 0]
     assert s.counters.num_cells_copied == 2
     assert s.counters.num_cached_tokens == 6
     # the original is cached, whole
     assert s.lanes[0].conv is orig
     assert orig.token_ids == first and orig.table.chunk_ids == [0, 1, 2] and not orig.is_active
     assert s.lanes[1].conv.token_ids == first[:6] + [90, 91]
-    s.finish("br")
+    s.finish("br")  # its first decoded token was never fed: chunk 4 goes back
+    assert s.lanes[1].conv.table.chunk_ids == [0, 3]
+    assert refcounts(s) == [2, 1, 1, 1, 0, 0, 0, 0]
 
     # a follow-up of the original still finds all of it
     s.add("a2", first + [1000, 7])
     p = d.step()
     assert p.admitted == (Admission("a2", 0, 10),)
     assert p.copies == ()
-    assert p.work == (LaneWork(0, "a2", (1000, 7), 10, (0, 1, 2), True),)
+    assert p.work == (LaneWork(0, "a2", (1000, 7), 10, (0, 1, 2, 4), True),)  # 13 cells
 
 
 def test_branch_pooled_at_a_chunk_boundary_copies_nothing():
@@ -226,10 +229,11 @@ def test_branch_pooled_without_an_empty_lane_parks_the_original():
     p = d.step(finish=["br"])
     assert p.admitted == (Admission("br", 0, 6),)
     assert p.copies == (CellCopy(1, 3, 0, 2),)
-    assert p.work == (LaneWork(0, "br", (90, 91), 6, (0, 3), True),)
+    assert p.work == (LaneWork(0, "br", (90, 91), 6, (0, 3, 4), True),)
     assert orig.lane is None and orig.token_ids == first and orig.table.chunk_ids == [0, 1, 2]
     assert s.counters.num_evictions == 0
     assert s.stats().num_conversations_parked == 2  # the parked original and the finished branch
+    assert refcounts(s) == [2, 1, 1, 1, 0, 0, 0, 0]
 
     # the original comes back into the lane without a copy; the branch is parked in turn
     s.add("a2", first + [1000, 7])
@@ -237,7 +241,7 @@ def test_branch_pooled_without_an_empty_lane_parks_the_original():
     assert p.admitted == (Admission("a2", 0, 10),)
     assert p.copies == ()
     assert s.lanes[0].conv is orig
-    assert p.work == (LaneWork(0, "a2", (1000, 7), 10, (0, 1, 2), True),)
+    assert p.work == (LaneWork(0, "a2", (1000, 7), 10, (0, 1, 2, 4), True),)
     assert s.counters.num_moves_swap == 0 and s.counters.num_cells_copied == 2
 
 
@@ -377,7 +381,7 @@ def test_move_pooled_is_a_swap():
     p = d.step()
     assert p.admitted == (Admission("a2", 2, 10),)
     assert p.copies == ()
-    assert p.work == (LaneWork(2, "a2", (1000, 5), 10, (0, 1, 2), True),)
+    assert p.work == (LaneWork(2, "a2", (1000, 5), 10, (0, 1, 2, 3), True),)  # 13 cells
 
 
 def test_move_reserved_copies_every_cell():
@@ -451,7 +455,7 @@ def test_park_then_follow_up_restores_without_copying():
     assert p.admitted == (Admission("a2", 1, 10),)
     assert p.copies == ()
     assert s.lanes[1].conv is conv
-    assert LaneWork(1, "a2", (1000, 7), 10, (0, 1, 2), True) in p.work
+    assert LaneWork(1, "a2", (1000, 7), 10, (0, 1, 2, 4), True) in p.work  # 13 cells
     assert s.counters.num_cells_copied == 0
     assert s.counters.num_moves_swap == 0  # restoring from the pool is not a lane move
 
@@ -476,7 +480,10 @@ def test_park_in_reserved_layout_keeps_the_conversation_in_its_lane():
 
 
 def _three_idle(s: Scheduler, d: Driver, active=None):
-    """X (1 chunk), Y (2 chunks), Z (2 chunks), idle, LRU in that order; optionally one active lane first."""
+    """X (1 chunk), Y (2 chunks), Z (2 chunks), idle, LRU in that order; optionally one active lane first.
+
+    Z's 8 cells are admitted with a third chunk for the token it would decode; finishing
+    gives that chunk back."""
     if active is not None:
         s.add("A", active)
     s.add("X", [1, 1, 1])
@@ -503,12 +510,12 @@ def test_pool_full_evicts_two_lru_when_one_is_not_enough():
     d = Driver(s)
     _three_idle(s, d)
     assert s.layout.pool.num_free == 1
-    s.add("W", [4] * 12)  # 3 chunks: X frees 1, not enough; X and Y free 3
+    s.add("W", [4] * 12)  # 13 cells, 4 chunks: 1 free and X's 1 are not enough; and Y's 2 are
     p = d.step()
     assert p.admitted == (Admission("W", 0, 0),)
     assert p.refused == ()
     assert s.counters.num_evictions == 2
-    assert lane_chunks(s) == [[0, 1, 2], None, [3, 4]]
+    assert lane_chunks(s) == [[0, 1, 2, 5], None, [3, 4]]
     assert sorted(c.token_ids[0] for c in s.cache) == [3, 4]  # Z, the most recent, stays
 
 
@@ -534,47 +541,116 @@ def test_pool_full_evicts_nothing_and_refuses_when_all_would_not_be_enough():
     assert p.work == (LaneWork(0, "A", (1000,), 6, (0, 1), True),)
 
 
-def test_the_conversation_a_follow_up_extends_never_gives_way_for_it():
+def test_the_conversation_a_follow_up_extends_gives_way_last():
     s = Scheduler(pooled(4), num_lanes=2, max_context=32, prefill_chunk=64)
     d = Driver(s)
-    s.add("x", [1, 1, 1, 1])
-    s.add("y", [2] * 8)
+    s.add("x", [1, 1, 1])
+    s.add("y", [2] * 7)
     d.step(finish=["x", "y"])  # x: [0], LRU; y: [1, 2]; 1 free
     conv_x = s.lanes[0].conv
-    s.add("x2", [1, 1, 1, 1, 1000] + [5] * 7)  # 12 cells: 2 more chunks, 1 free
+    assert lane_chunks(s) == [[0], [1, 2]]
+    s.add("x2", [1, 1, 1, 1000] + [5] * 7)  # 12 cells: 2 more chunks, 1 free
     p = d.step()
     # x is the least recently used, but it is what x2 extends: y gives way instead
-    assert p.admitted == (Admission("x2", 0, 4),)
+    assert p.admitted == (Admission("x2", 0, 3),)
     assert s.counters.num_evictions == 1
     assert s.lanes[0].conv is conv_x and conv_x.table.chunk_ids == [0, 1, 2]
     assert s.lanes[1].conv is None
 
 
+def test_an_idle_conversation_holding_the_room_gives_way_to_its_branch_tail_first():
+    """A regenerate when the pool is full: the tail it replaces frees the room it needs."""
+    s = Scheduler(pooled(3), num_lanes=2, max_context=32, prefill_chunk=64)
+    d = Driver(s)
+    x = [1] * 10
+    orig = _first_turn(s, d, x)
+    assert orig.table.chunk_ids == [0, 1, 2] and s.layout.pool.num_free == 0
+    s.add("br", x[:6] + [9, 9])  # a fork would need 2 chunks: the copied one and one to grow
+    p = d.step()
+    assert p.refused == ()
+    assert p.admitted == (Admission("br", 0, 6),)  # in x's lane, on x's first 6 cells
+    assert p.copies == ()
+    assert p.work == (LaneWork(0, "br", (9, 9), 6, (0, 1, 2), True),)
+    assert s.lanes[0].conv is orig and orig.token_ids == x[:6] + [9, 9]
+    assert len(s.cache) == 1 and s.counters.num_evictions == 0
+    assert s.counters.num_cached_tokens == 6
+
+
+def test_an_idle_conversation_holding_the_room_gives_way_whole_when_its_tail_is_not_enough():
+    """b's prefix chunk 1 is shared with a, so branching b in place must copy it: one chunk
+    short. Evicting a and b and starting fresh fits."""
+    s = Scheduler(pooled(4), num_lanes=2, max_context=32, prefill_chunk=64)
+    d = Driver(s)
+    a = list(range(1, 11))
+    _first_turn(s, d, a)  # a: 10 cells in [0, 1, 2]
+    s.add("b", a[:8] + [20])  # forks a at a chunk boundary: shares [0, 1]
+    p = d.step(finish=["b"])
+    assert p.admitted == (Admission("b", 1, 8),) and p.copies == ()
+    assert lane_chunks(s) == [[0, 1, 2], [0, 1, 3]] and s.layout.pool.num_free == 0
+
+    s.add("br", a[:6] + [90] * 7)  # 14 cells: 4 chunks; b, the most recent, is its source
+    p = d.step()
+    assert p.refused == ()
+    assert p.admitted == (Admission("br", 0, 0),)
+    assert s.counters.num_evictions == 2 and s.counters.num_cached_tokens == 8  # b's only
+    assert p.work == (LaneWork(0, "br", tuple(a[:6] + [90] * 7), 0, (0, 1, 2, 3), True),)
+    assert len(s.cache) == 1 and s.lanes[1].conv is None
+
+
+def test_an_active_conversation_never_gives_way_to_its_branch():
+    s = Scheduler(pooled(3), num_lanes=2, max_context=32, prefill_chunk=64)
+    d = Driver(s)
+    a = list(range(1, 11))
+    s.add("a", a)
+    d.step()  # a: 10 cells in [0, 1, 2], decoding
+    before = tables(s)
+    s.add("br", a[:6] + [90])  # a fork needs 1 chunk for the copied partial one; none free
+    p = d.step()
+    assert p.refused == (Refusal("br", 1, 0),)
+    assert p.work == (LaneWork(0, "a", (1000,), 10, (0, 1, 2), True),)
+    assert {k: v[1] for k, v in tables(s).items()} == {k: v[1] for k, v in before.items()}
+    assert s.lanes[0].conv.token_ids == a + [1000]
+    assert s.counters.num_evictions == 0
+
+
+def test_a_prompt_that_fills_its_last_chunk_needs_room_for_one_more():
+    s = Scheduler(pooled(2), num_lanes=2, max_context=32, prefill_chunk=64)
+    d = Driver(s)
+    s.add("full", [1] * 8)  # 8 cells fill 2 chunks; its first decoded token needs a third
+    s.add("fits", [2] * 7)
+    p = d.step()
+    assert p.refused == (Refusal("full", 3, 2),)
+    assert p.admitted == (Admission("fits", 0, 0),)
+    assert p.work == (LaneWork(0, "fits", (2,) * 7, 0, (0, 1), True),)
+    p = d.step()  # the first decoded token goes into the room admission kept
+    assert p.truncated == () and p.work == (LaneWork(0, "fits", (1000,), 7, (0, 1), True),)
+
+
 def test_refusal_does_not_block_the_next_request():
     s = Scheduler(pooled(4), num_lanes=2, max_context=32, prefill_chunk=64)
     d = Driver(s)
-    s.add("big", [1] * 20)  # 5 chunks > 4
+    s.add("big", [1] * 20)  # 21 cells: 6 chunks > 4
     s.add("small", [2, 2])
     p = d.step()
-    assert p.refused == (Refusal("big", 5, 4),)
+    assert p.refused == (Refusal("big", 6, 4),)
     assert p.admitted == (Admission("small", 0, 0),)
     assert s.counters.num_refusals == 1
 
 
 def test_refusal_leaves_shared_chunks_alone():
-    """Evicting the only idle conversation would free nothing the request can use."""
+    """No idle conversation to give way: a2 extends the cached turn and is running."""
     s = Scheduler(pooled(4), num_lanes=2, max_context=32, prefill_chunk=64)
     d = Driver(s)
     first = [1] * 8
     s.add("a", first)
-    d.step(finish=["a"])  # idle, [0, 1]
+    d.step(finish=["a"])  # idle, [0, 1] (the room for a decoded token went back)
+    assert lane_chunks(s) == [[0, 1], None]
     s.add("a2", first + [1000, 5])  # extends it in lane 0: [0, 1, 2]
     d.step()
     before = tables(s)
-    # idle nothing: a2 is active. A new prompt of 8 cells needs 2 chunks, 1 is free
-    s.add("n", [7] * 8)
+    s.add("n", [7] * 8)  # 9 cells need 3 chunks, 1 is free
     p = d.step()
-    assert p.refused == (Refusal("n", 2, 1),)
+    assert p.refused == (Refusal("n", 3, 1),)
     assert {k: v[1] for k, v in tables(s).items()} == {k: v[1] for k, v in before.items()}
     assert s.counters.num_evictions == 0
 
@@ -626,20 +702,22 @@ def test_end_more_lanes_only_when_one_was_not_enough():
     """c forks a's running conversation, so ending c frees only its private chunk."""
     s = Scheduler(pooled(5), num_lanes=3, max_context=32, prefill_chunk=64)
     d = Driver(s)
-    a = [1, 2, 3, 4, 5, 6, 7]
+    a = [1, 2, 3, 4, 5, 6]
     s.add("a", a)
-    s.add("b", [11, 12, 13, 14, 15, 16, 17])
-    d.step()
+    s.add("b", [11, 12, 13, 14, 15, 16])
+    d.step()  # 6 cells each, [0, 1] and [2, 3]
     s.add("c", a + [99])
     p = d.step()
-    assert p.admitted == (Admission("c", 2, 7),)
-    assert p.copies == (CellCopy(1, 4, 0, 3),)
+    assert p.admitted == (Admission("c", 2, 6),)
+    assert p.copies == (CellCopy(1, 4, 0, 2),)
     assert lane_chunks(s) == [[0, 1], [2, 3], [0, 4]]
     assert s.layout.pool.num_free == 0
+    p = d.step()  # 8 cells each: room for them all
+    assert p.truncated == ()
     # all three have 8 cells and need a chunk: 3 short, none free
     p = d.step()
     assert p.truncated == ("c", "b")  # c freed 1 chunk, 2 were needed; then b
-    assert p.work == (LaneWork(0, "a", (d.out["a"][1],), 8, (0, 1, 2), True),)
+    assert p.work == (LaneWork(0, "a", (d.out["a"][2],), 8, (0, 1, 2), True),)
     assert s.counters.num_truncations == 2
     assert refcounts(s) == [1, 1, 1, 0, 0]
 

@@ -1,0 +1,38 @@
+"""What the pool holds, seen from lanes and conversations (for /metrics, /health, benchmarks)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from strata.engine.cache import ConversationCache
+from strata.engine.conversation import Lane
+from strata.kv.layout import KVLayout
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    num_chunks_total: int
+    num_chunks_held: int
+    num_chunks_free: int
+    num_chunks_parked: int  # held only by idle conversations
+    num_conversations_parked: int
+    chunks_per_lane: tuple[int, ...]
+    chunk_size: int
+
+
+def pool_stats(layout: KVLayout, lanes: Sequence[Lane], cache: ConversationCache) -> PoolStats:
+    active = {i for c in cache if c.is_active for i in c.table.chunk_ids}
+    idle = {i for c in cache if not c.is_active for i in c.table.chunk_ids}
+    pool = layout.pool
+    return PoolStats(
+        num_chunks_total=pool.num_total,
+        num_chunks_held=pool.num_held,
+        num_chunks_free=pool.num_free,
+        num_chunks_parked=len(idle - active),
+        num_conversations_parked=sum(1 for c in cache if not c.is_active),
+        chunks_per_lane=tuple(
+            layout.num_chunks_in_lane(lane.index, lane.conv.table if lane.conv else None) for lane in lanes
+        ),
+        chunk_size=pool.chunk_size,
+    )
