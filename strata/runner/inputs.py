@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,8 +38,9 @@ class ChunkCells:
     chunk it grows and read as a prefix view every other step (LRU over `capacity` tables).
     """
 
-    def __init__(self, chunk_size: int, capacity: int = 64):
+    def __init__(self, chunk_size: int, num_cells: int | None = None, capacity: int = 64):
         self.chunk_size = chunk_size
+        self.num_cells = num_cells  # cells in the storage (bounds strided reads); None: no strided reads
         self.capacity = capacity
         self._tables: OrderedDict[tuple[int, ...], torch.Tensor] = OrderedDict()
         self._offsets = torch.arange(chunk_size)
@@ -62,43 +64,69 @@ def _write_cells(w: LaneWork, chunk_size: int) -> list[int]:
     return [w.chunk_ids[p // chunk_size] * chunk_size + p % chunk_size for p in range(w.start, w.num_cells)]
 
 
-def _decode_groups(decode: Sequence[LaneWork], cells: ChunkCells) -> tuple[DecodeRows, ...]:
-    """Decode rows (sorted by length) in groups padded to their longest lane.
+def _evenly_spaced(rows: Sequence[LaneWork], max_cells: int, cells: ChunkCells) -> list[int] | None:
+    """Row order (by storage address) in which each row's cells are contiguous and start a
+    fixed distance apart, with every padded read inside the storage; else None."""
+    slices = [_contiguous(w.chunk_ids, w.num_cells, cells.chunk_size) for w in rows]
+    if any(s is None for s in slices) or cells.num_cells is None:
+        return None
+    order = sorted(range(len(rows)), key=lambda r: slices[r].start)
+    starts = [slices[r].start for r in order]
+    step = starts[1] - starts[0]
+    if step <= 0 or any(b - a != step for a, b in itertools.pairwise(starts)):
+        return None
+    return order if starts[-1] + max_cells <= cells.num_cells else None
+
+
+def _decode_groups(decode: Sequence[LaneWork], cells: ChunkCells) -> tuple[list[LaneWork], tuple[DecodeRows, ...]]:
+    """Decode rows (sorted by length) in groups padded to their longest lane; returns the
+    rows in their final order and the groups.
 
     A group never pads a lane to more than twice its own length, so one long lane does
-    not make every short lane gather and attend over its length.
+    not make every short lane gather and attend over its length. A group whose lanes sit
+    evenly spaced in storage (the reserved layout; pool lanes that each fit in one chunk)
+    reads them through one strided view, in address order, instead of gathering them.
     """
+    ordered: list[LaneWork] = []
     groups: list[DecodeRows] = []
     start = 0
     while start < len(decode):
         end = start + 1
         while end < len(decode) and decode[end].num_cells <= 2 * decode[start].num_cells:
             end += 1
-        rows = decode[start:end]
+        rows = list(decode[start:end])
+        max_cells = rows[-1].num_cells
+        order = _evenly_spaced(rows, max_cells, cells) if len(rows) > 1 else None
+        if order is not None:
+            rows = [rows[r] for r in order]
+        ordered += rows
         lens = [w.num_cells for w in rows]
-        max_cells = lens[-1]
+        mask = None
+        if min(lens) != max_cells:
+            mask = torch.arange(max_cells) < torch.tensor(lens).view(-1, 1, 1, 1)  # [rows, 1, 1, cells]
         one = _contiguous(rows[0].chunk_ids, max_cells, cells.chunk_size) if len(rows) == 1 else None
         if one is not None:
             groups.append(DecodeRows(start, 1, max_cells, None, None, one))
         elif len(rows) == 1:  # the kept index itself: no padding, no copy
             groups.append(DecodeRows(start, 1, max_cells, cells.cells(rows[0].chunk_ids, max_cells), None))
+        elif order is not None:
+            first = _contiguous(rows[0].chunk_ids, 1, cells.chunk_size).start
+            second = _contiguous(rows[1].chunk_ids, 1, cells.chunk_size).start
+            groups.append(DecodeRows(start, len(rows), max_cells, None, mask, cell_strided=(first, second - first)))
         else:
             index = torch.zeros(len(rows), max_cells, dtype=torch.long)
             for r, w in enumerate(rows):
                 index[r, : w.num_cells] = cells.cells(w.chunk_ids, w.num_cells)
-            bias = None
-            if lens[0] != max_cells:
-                bias = torch.zeros(len(rows), 1, max_cells)
-                for r, n in enumerate(lens):
-                    bias[r, 0, n:] = float("-inf")
-            groups.append(DecodeRows(start, len(rows), max_cells, index.view(-1), bias))
+            groups.append(DecodeRows(start, len(rows), max_cells, index.view(-1), mask))
         start = end
-    return tuple(groups)
+    return ordered, tuple(groups)
 
 
 def build_inputs(work: Sequence[LaneWork], cells: ChunkCells) -> StepInputs:
     chunk_size = cells.chunk_size
-    decode = sorted((w for w in work if len(w.token_ids) == 1), key=lambda w: w.num_cells)
+    decode, decode_groups = _decode_groups(
+        sorted((w for w in work if len(w.token_ids) == 1), key=lambda w: w.num_cells), cells
+    )
     prefill = [w for w in work if len(w.token_ids) > 1]
     ordered = tuple(decode + prefill)
     ids: list[int] = []
@@ -108,7 +136,6 @@ def build_inputs(work: Sequence[LaneWork], cells: ChunkCells) -> StepInputs:
         ids.extend(w.token_ids)
         positions.extend(range(w.start, w.num_cells))
         writes.extend(_write_cells(w, chunk_size))
-    decode_groups = _decode_groups(decode, cells)
 
     prefills = []
     row = len(decode)
@@ -144,7 +171,7 @@ def meta_to(meta: AttentionMeta, device: torch.device) -> AttentionMeta:
         return None if t is None else t.to(device, non_blocking=True)
 
     decode = tuple(
-        DecodeRows(d.row_start, d.num_rows, d.max_cells, mv(d.cell_index), mv(d.bias), d.cell_slice)
+        DecodeRows(d.row_start, d.num_rows, d.max_cells, mv(d.cell_index), mv(d.mask), d.cell_slice, d.cell_strided)
         for d in meta.decode
     )
     prefills = tuple(

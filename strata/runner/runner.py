@@ -32,7 +32,7 @@ class ModelRunner:
         self.model = model
         self.kv = kv
         self.sampler = Sampler()
-        self.cells = ChunkCells(kv.chunk_size)
+        self.cells = ChunkCells(kv.chunk_size, kv.num_chunks * kv.chunk_size)
         self.first_device = model.layer_devices[0]
         self.last_device = model.layer_devices[-1]
 

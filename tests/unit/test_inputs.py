@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from strata.engine.plan import LaneWork
+from strata.models.attention import attend
 from strata.runner.inputs import ChunkCells, build_inputs
 
 
@@ -29,7 +30,8 @@ def test_decode_rows_come_first_and_address_their_cells():
     rows = d.cell_index.view(2, 7).tolist()
     assert rows[0][:4] == [28, 29, 30, 31]
     assert rows[1] == [0, 1, 2, 3, 12, 13, 14]  # chunk 0 then chunk 3
-    assert torch.isinf(d.bias[0, 0, 4:]).all() and (d.bias[0, 0, :4] == 0).all() and (d.bias[1] == 0).all()
+    assert d.mask.shape == (2, 1, 1, 7)
+    assert d.mask[0, 0, 0].tolist() == [True] * 4 + [False] * 3 and d.mask[1].all()
     (p,) = inp.meta.prefills
     assert (p.row_start, p.row_end, p.num_cells) == (2, 5, 3)
     assert p.cell_slice == slice(20, 23)  # one chunk: read in place
@@ -49,7 +51,7 @@ def test_a_long_lane_does_not_pad_the_short_ones():
     groups = [(d.row_start, d.num_rows, d.max_cells) for d in inp.meta.decode]
     assert groups == [(0, 2, 6), (2, 1, 41), (3, 1, 100)]
     assert inp.meta.decode[2].cell_slice == slice(0, 100)  # chunks 0..12 are contiguous
-    assert inp.meta.decode[1].cell_slice is None and inp.meta.decode[1].bias is None
+    assert inp.meta.decode[1].cell_slice is None and inp.meta.decode[1].mask is None
 
 
 def test_prefill_piece_after_cached_cells_gets_an_offset_causal_mask():
@@ -66,7 +68,7 @@ def test_contiguous_chunks_are_read_in_place():
     c = 4
     inp = build_inputs([work(0, [7], 9, [2, 3, 4])], ChunkCells(c))  # a single decoding lane over chunks 2,3,4
     (d,) = inp.meta.decode
-    assert d.cell_slice == slice(8, 18) and d.cell_index is None and d.bias is None
+    assert d.cell_slice == slice(8, 18) and d.cell_index is None and d.mask is None
     two = build_inputs([work(0, [7], 9, [2, 3, 4]), work(1, [8], 0, [0])], ChunkCells(c))
     assert [g.cell_slice for g in two.meta.decode] == [slice(0, 1), slice(8, 18)]  # 1 and 10 cells: two groups
 
@@ -79,3 +81,58 @@ def test_chunk_cells_are_kept_across_steps():
     cells.cells((0,), 1)
     cells.cells((2,), 1)  # a third table evicts the least recently used, (3, 1)
     assert cells.cells((3, 1), 2).data_ptr() != a.data_ptr()
+
+
+def test_evenly_spaced_lanes_are_read_through_one_strided_view_in_address_order():
+    c = 8
+    # one chunk each, 16 cells apart: chunks 4, 0, 2 hold 6, 7 and 5 cells
+    ws = [work(0, [1], 5, [4]), work(1, [2], 6, [0]), work(2, [3], 4, [2])]
+    inp = build_inputs(ws, ChunkCells(c, num_cells=6 * c))
+    (d,) = inp.meta.decode
+    assert d.cell_strided == (0, 16) and d.cell_index is None and d.cell_slice is None
+    assert (d.row_start, d.num_rows, d.max_cells) == (0, 3, 7)
+    assert [w.lane for w in inp.work] == [1, 2, 0]  # by address, not by length
+    assert inp.input_ids.tolist() == [2, 3, 1] and inp.positions.tolist() == [6, 4, 5]
+    assert inp.meta.write_index.tolist() == [6, 16 + 4, 32 + 5]
+    assert [w.lane for w in inp.sample_work] == [1, 2, 0] and inp.logits_rows.tolist() == [0, 1, 2]
+    assert d.mask[:, 0, 0].tolist() == [[True] * 7, [True] * 5 + [False] * 2, [True] * 6 + [False]]
+
+
+def test_strided_reads_only_when_spacing_is_even_and_in_bounds():
+    c = 8
+    uneven = [work(0, [1], 5, [4]), work(1, [2], 6, [0]), work(2, [3], 4, [1])]  # 0, 8, 32
+    (d,) = build_inputs(uneven, ChunkCells(c, num_cells=6 * c)).meta.decode
+    assert d.cell_strided is None and d.cell_index is not None
+    # 16 and 8 cells at 0 and 16: the second row's padded read ends at 32
+    ws = [work(0, [1], 15, [0, 1]), work(1, [2], 7, [2])]
+    (d,) = build_inputs(ws, ChunkCells(c, num_cells=3 * c)).meta.decode
+    assert d.cell_strided is None and d.cell_index is not None
+    (d,) = build_inputs(ws, ChunkCells(c, num_cells=4 * c)).meta.decode
+    assert d.cell_strided == (0, 16)
+    (d,) = build_inputs(ws, ChunkCells(c)).meta.decode  # storage size unknown: gather
+    assert d.cell_strided is None
+
+
+def test_strided_gathered_and_per_lane_decode_attention_agree():
+    """The same rows attended through a strided view, a gather, and one lane at a time."""
+    torch.manual_seed(0)
+    c, kv_heads, heads, dim = 8, 2, 6, 16
+    k_cache = torch.randn(kv_heads, 8 * c, dim)
+    v_cache = torch.randn(kv_heads, 8 * c, dim)
+    ws = [work(0, [1], 9, [0, 1]), work(1, [2], 12, [3, 4]), work(2, [3], 7, [6])]  # 0, 24, 48
+    q = torch.randn(3, heads, dim)
+    k_new, v_new = torch.randn(3, kv_heads, dim), torch.randn(3, kv_heads, dim)
+
+    def run(cells: ChunkCells, rows: list[LaneWork]) -> dict[int, torch.Tensor]:
+        inp = build_inputs(rows, cells)
+        order = [ws.index(w) for w in inp.work]
+        out = attend(q[order], k_new[order], v_new[order], k_cache.clone(), v_cache.clone(), inp.meta)
+        return {w.lane: out[r] for r, w in enumerate(inp.work)}
+
+    strided = run(ChunkCells(c, num_cells=8 * c), ws)
+    gathered = run(ChunkCells(c), ws)
+    assert build_inputs(ws, ChunkCells(c, num_cells=8 * c)).meta.decode[0].cell_strided == (0, 24)
+    for lane in range(3):
+        alone = run(ChunkCells(c), [ws[lane]])[lane]
+        torch.testing.assert_close(strided[lane], gathered[lane], rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(strided[lane], alone, rtol=1e-5, atol=1e-5)
