@@ -8,7 +8,8 @@ compute), same thread count, a 512-token prompt.
     python benchmarks/decode.py [--rounds 3] [--new 128] [--threads 2]
 
 llama.cpp runs when `llama_cpp` (llama-cpp-python, the optional `llamacpp` extra) is
-importable; its high-level API decodes one sequence, so its 8-lane column is left out.
+importable: its high-level API for prefill and one lane, its low-level batch API (one
+llama_decode per step for all 8 sequences) for the 8-lane column.
 """
 
 from __future__ import annotations
@@ -152,13 +153,54 @@ def arm_llamacpp(args) -> dict:
         llm.eval([token])
         token = int(np.argmax(last_logits()))
     dec1 = time.perf_counter() - t
+    llm.close()  # its context and K/V go before the 8-lane context is made
     return {
         "load_s": load_s,
         "prefill_tok_s": args.prompt / prefill_s,
         "decode_tok_s": args.new / dec1,
-        "decode8_tok_s": float("nan"),
+        "decode8_tok_s": LANES * args.new / llamacpp_decode_lanes(args, path, tok),
         "peak_rss_mib": peak_rss_mib(),
     }
+
+
+def llamacpp_decode_lanes(args, path: str, tok) -> float:
+    """Seconds for `args.new` greedy steps of LANES sequences decoded together: one
+    llama_decode per step over a batch of one token per sequence (llama.cpp's own
+    continuous batching, as llama-server and batched-bench drive it)."""
+    import llama_cpp
+    import numpy as np
+    from llama_cpp import _internals
+
+    mparams = llama_cpp.llama_model_default_params()
+    model = _internals.LlamaModel(path_model=path, params=mparams, verbose=False)
+    cparams = llama_cpp.llama_context_default_params()
+    cparams.n_ctx = LANES * -(-(args.prompt + args.new + 8) // 256) * 256  # its cache comes in 256-cell steps
+    cparams.n_batch = cparams.n_ubatch = args.prompt
+    cparams.n_seq_max = LANES
+    cparams.n_threads = cparams.n_threads_batch = args.threads
+    ctx = _internals.LlamaContext(model=model, params=cparams, verbose=False)
+    batch = _internals.LlamaBatch(n_tokens=max(args.prompt, LANES), embd=0, n_seq_max=LANES, verbose=False)
+    n_vocab = model.n_vocab()
+
+    def argmax(i: int) -> int:
+        return int(np.argmax(np.ctypeslib.as_array(ctx.get_logits_ith(i), shape=(n_vocab,))))
+
+    tokens = []
+    for s in range(LANES):  # each lane's prompt, then its first token
+        batch.reset()
+        batch.add_sequence(prompt_ids(tok, args.prompt, 20 + s), s, False)
+        ctx.decode(batch)
+        tokens.append(argmax(args.prompt - 1))
+    b = batch.batch
+    t = time.perf_counter()
+    for step in range(args.new):
+        b.n_tokens = LANES
+        for s in range(LANES):
+            b.token[s], b.pos[s], b.n_seq_id[s], b.logits[s] = tokens[s], args.prompt + step, 1, True
+            b.seq_id[s][0] = s
+        ctx.decode(batch)
+        tokens = [argmax(s) for s in range(LANES)]
+    return time.perf_counter() - t
 
 
 ARMS = {"strata": arm_strata, "transformers": arm_transformers, "llama.cpp": arm_llamacpp}

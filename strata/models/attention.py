@@ -27,10 +27,12 @@ class DecodeRows:
     num_rows: int
     max_cells: int
     cell_index: torch.Tensor | None  # [rows * max_cells] flat cells to read (padding reads cell 0)
-    mask: torch.Tensor | None  # [rows, 1, 1, max_cells] bool, True on the row's own cells; None: no padding
+    mask: torch.Tensor | None  # [rows or slots, 1, 1, max_cells] bool, True on the row's own cells; None: no padding
     cell_slice: slice | None = None  # one row whose cells are contiguous: read them in place
-    # (first cell, distance): row r's cells start at first + r * distance; read as one strided view
-    cell_strided: tuple[int, int] | None = None
+    # (first cell, distance, slots): slot s's cells start at first + s * distance; all slots
+    # are read as one strided view
+    cell_strided: tuple[int, int, int] | None = None
+    slots: torch.Tensor | None = None  # [rows] each row's slot; None: row r is slot r
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,12 @@ def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, d: De
         k = k_cache[:, d.cell_slice].unsqueeze(0)  # [1, kvh, cells, dim], a view
         v = v_cache[:, d.cell_slice].unsqueeze(0)
     elif d.cell_strided is not None:
-        k, v = _strided(k_cache, d), _strided(v_cache, d)  # [rows, kvh, cells, dim], views
+        k, v = _strided(k_cache, d), _strided(v_cache, d)  # [slots, kvh, cells, dim], views
+        if d.slots is not None:  # slots no row uses get zero queries; their output is dropped
+            qg = q.new_zeros(d.cell_strided[2], num_kv_heads, num_heads // num_kv_heads, head_dim)
+            qg[d.slots] = q.view(rows, num_kv_heads, -1, head_dim)
+            o = F.scaled_dot_product_attention(qg, k.to(q.dtype), v.to(q.dtype), attn_mask=d.mask)
+            return o[d.slots].reshape(rows, num_heads, head_dim)
     else:
         # Advanced indexing gathers along cells about 4x faster than index_select(1, ...).
         k = k_cache[:, d.cell_index].view(num_kv_heads, rows, d.max_cells, head_dim).transpose(0, 1)
@@ -117,12 +124,12 @@ def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, d: De
 
 
 def _strided(cache: torch.Tensor, d: DecodeRows) -> torch.Tensor:
-    """[rows, kv_heads, max_cells, dim] view of `cache` [kv_heads, cells, dim]; padding reads
-    the next row's cells (written or zero, never garbage), which the mask hides."""
-    first, distance = d.cell_strided
+    """[slots, kv_heads, max_cells, dim] view of `cache` [kv_heads, cells, dim]; padding reads
+    other lanes' cells (written or zero, never garbage), which the mask hides."""
+    first, distance, num_slots = d.cell_strided
     head_stride, cell_stride, dim_stride = cache.stride()
     return cache.as_strided(
-        (d.num_rows, cache.shape[0], d.max_cells, cache.shape[2]),
+        (num_slots, cache.shape[0], d.max_cells, cache.shape[2]),
         (distance * cell_stride, head_stride, cell_stride, dim_stride),
         cache.storage_offset() + first * cell_stride,
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -64,18 +65,30 @@ def _write_cells(w: LaneWork, chunk_size: int) -> list[int]:
     return [w.chunk_ids[p // chunk_size] * chunk_size + p % chunk_size for p in range(w.start, w.num_cells)]
 
 
-def _evenly_spaced(rows: Sequence[LaneWork], max_cells: int, cells: ChunkCells) -> list[int] | None:
-    """Row order (by storage address) in which each row's cells are contiguous and start a
-    fixed distance apart, with every padded read inside the storage; else None."""
+@dataclass(frozen=True)
+class _Strided:
+    order: list[int]  # the rows in storage address order
+    first: int  # the first row's first cell
+    distance: int  # cells between consecutive slots
+    slots: list[int]  # each row's slot (in `order`); slots between rows are read and discarded
+
+
+def _strided_slots(rows: Sequence[LaneWork], max_cells: int, cells: ChunkCells) -> _Strided | None:
+    """How to read `rows` through one strided view: each row's cells contiguous, their starts
+    on a grid of fixed distance with at most as many empty slots as rows (a lane not decoding
+    this step leaves one), and every padded read inside the storage; else None."""
     slices = [_contiguous(w.chunk_ids, w.num_cells, cells.chunk_size) for w in rows]
     if any(s is None for s in slices) or cells.num_cells is None:
         return None
     order = sorted(range(len(rows)), key=lambda r: slices[r].start)
     starts = [slices[r].start for r in order]
-    step = starts[1] - starts[0]
-    if step <= 0 or any(b - a != step for a, b in itertools.pairwise(starts)):
+    distance = math.gcd(*(b - a for a, b in itertools.pairwise(starts)))
+    if distance <= 0:
         return None
-    return order if starts[-1] + max_cells <= cells.num_cells else None
+    slots = [(x - starts[0]) // distance for x in starts]
+    if slots[-1] + 1 > 2 * len(rows) or starts[-1] + max_cells > cells.num_cells:
+        return None
+    return _Strided(order, starts[0], distance, slots)
 
 
 def _decode_groups(decode: Sequence[LaneWork], cells: ChunkCells) -> tuple[list[LaneWork], tuple[DecodeRows, ...]]:
@@ -96,23 +109,27 @@ def _decode_groups(decode: Sequence[LaneWork], cells: ChunkCells) -> tuple[list[
             end += 1
         rows = list(decode[start:end])
         max_cells = rows[-1].num_cells
-        order = _evenly_spaced(rows, max_cells, cells) if len(rows) > 1 else None
-        if order is not None:
-            rows = [rows[r] for r in order]
-        ordered += rows
+        strided = _strided_slots(rows, max_cells, cells) if len(rows) > 1 else None
         lens = [w.num_cells for w in rows]
+        if strided is not None:
+            rows = [rows[r] for r in strided.order]
+            lens = [max_cells] * (strided.slots[-1] + 1)  # an empty slot attends to anything
+            for slot, w in zip(strided.slots, rows):
+                lens[slot] = w.num_cells
+        ordered += rows
         mask = None
         if min(lens) != max_cells:
-            mask = torch.arange(max_cells) < torch.tensor(lens).view(-1, 1, 1, 1)  # [rows, 1, 1, cells]
+            mask = torch.arange(max_cells) < torch.tensor(lens).view(-1, 1, 1, 1)  # [rows or slots, 1, 1, cells]
         one = _contiguous(rows[0].chunk_ids, max_cells, cells.chunk_size) if len(rows) == 1 else None
         if one is not None:
             groups.append(DecodeRows(start, 1, max_cells, None, None, one))
         elif len(rows) == 1:  # the kept index itself: no padding, no copy
             groups.append(DecodeRows(start, 1, max_cells, cells.cells(rows[0].chunk_ids, max_cells), None))
-        elif order is not None:
-            first = _contiguous(rows[0].chunk_ids, 1, cells.chunk_size).start
-            second = _contiguous(rows[1].chunk_ids, 1, cells.chunk_size).start
-            groups.append(DecodeRows(start, len(rows), max_cells, None, mask, cell_strided=(first, second - first)))
+        elif strided is not None:
+            num_slots = strided.slots[-1] + 1
+            slots = None if num_slots == len(rows) else torch.tensor(strided.slots, dtype=torch.long)
+            groups.append(DecodeRows(start, len(rows), max_cells, None, mask,
+                                     cell_strided=(strided.first, strided.distance, num_slots), slots=slots))
         else:
             index = torch.zeros(len(rows), max_cells, dtype=torch.long)
             for r, w in enumerate(rows):
@@ -171,7 +188,8 @@ def meta_to(meta: AttentionMeta, device: torch.device) -> AttentionMeta:
         return None if t is None else t.to(device, non_blocking=True)
 
     decode = tuple(
-        DecodeRows(d.row_start, d.num_rows, d.max_cells, mv(d.cell_index), mv(d.mask), d.cell_slice, d.cell_strided)
+        DecodeRows(d.row_start, d.num_rows, d.max_cells, mv(d.cell_index), mv(d.mask), d.cell_slice, d.cell_strided,
+                   mv(d.slots))
         for d in meta.decode
     )
     prefills = tuple(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from strata.engine.plan import LaneWork
@@ -89,7 +90,8 @@ def test_evenly_spaced_lanes_are_read_through_one_strided_view_in_address_order(
     ws = [work(0, [1], 5, [4]), work(1, [2], 6, [0]), work(2, [3], 4, [2])]
     inp = build_inputs(ws, ChunkCells(c, num_cells=6 * c))
     (d,) = inp.meta.decode
-    assert d.cell_strided == (0, 16) and d.cell_index is None and d.cell_slice is None
+    assert d.cell_strided == (0, 16, 3) and d.slots is None
+    assert d.cell_index is None and d.cell_slice is None
     assert (d.row_start, d.num_rows, d.max_cells) == (0, 3, 7)
     assert [w.lane for w in inp.work] == [1, 2, 0]  # by address, not by length
     assert inp.input_ids.tolist() == [2, 3, 1] and inp.positions.tolist() == [6, 4, 5]
@@ -98,28 +100,41 @@ def test_evenly_spaced_lanes_are_read_through_one_strided_view_in_address_order(
     assert d.mask[:, 0, 0].tolist() == [[True] * 7, [True] * 5 + [False] * 2, [True] * 6 + [False]]
 
 
-def test_strided_reads_only_when_spacing_is_even_and_in_bounds():
+def test_lanes_on_a_grid_with_gaps_are_read_with_empty_slots_between():
     c = 8
-    uneven = [work(0, [1], 5, [4]), work(1, [2], 6, [0]), work(2, [3], 4, [1])]  # 0, 8, 32
-    (d,) = build_inputs(uneven, ChunkCells(c, num_cells=6 * c)).meta.decode
+    ws = [work(0, [1], 5, [4]), work(1, [2], 6, [0]), work(2, [3], 4, [1])]  # at 32, 0, 8
+    inp = build_inputs(ws, ChunkCells(c, num_cells=6 * c))
+    (d,) = inp.meta.decode
+    assert d.cell_strided == (0, 8, 5) and d.slots.tolist() == [0, 1, 4]
+    assert [w.lane for w in inp.work] == [1, 2, 0]
+    # one mask row per slot: the empty slots 2 and 3 attend to everything they read
+    assert d.mask[:, 0, 0].sum(-1).tolist() == [7, 5, 7, 7, 6]
+
+
+def test_strided_reads_only_when_few_slots_are_empty_and_reads_stay_in_bounds():
+    c = 8
+    sparse = [work(0, [1], 5, [10]), work(1, [2], 6, [0]), work(2, [3], 4, [1])]  # 11 slots for 3 rows
+    (d,) = build_inputs(sparse, ChunkCells(c, num_cells=12 * c)).meta.decode
     assert d.cell_strided is None and d.cell_index is not None
     # 16 and 8 cells at 0 and 16: the second row's padded read ends at 32
     ws = [work(0, [1], 15, [0, 1]), work(1, [2], 7, [2])]
     (d,) = build_inputs(ws, ChunkCells(c, num_cells=3 * c)).meta.decode
     assert d.cell_strided is None and d.cell_index is not None
     (d,) = build_inputs(ws, ChunkCells(c, num_cells=4 * c)).meta.decode
-    assert d.cell_strided == (0, 16)
+    assert d.cell_strided == (0, 16, 2)
     (d,) = build_inputs(ws, ChunkCells(c)).meta.decode  # storage size unknown: gather
     assert d.cell_strided is None
 
 
-def test_strided_gathered_and_per_lane_decode_attention_agree():
+@pytest.mark.parametrize("gap", [False, True])
+def test_strided_gathered_and_per_lane_decode_attention_agree(gap):
     """The same rows attended through a strided view, a gather, and one lane at a time."""
     torch.manual_seed(0)
     c, kv_heads, heads, dim = 8, 2, 6, 16
-    k_cache = torch.randn(kv_heads, 8 * c, dim)
-    v_cache = torch.randn(kv_heads, 8 * c, dim)
-    ws = [work(0, [1], 9, [0, 1]), work(1, [2], 12, [3, 4]), work(2, [3], 7, [6])]  # 0, 24, 48
+    k_cache = torch.randn(kv_heads, 11 * c, dim)
+    v_cache = torch.randn(kv_heads, 11 * c, dim)
+    last = [9] if gap else [6]  # at 72: slot 3, slot 2 empty; at 48: slot 2
+    ws = [work(0, [1], 9, [0, 1]), work(1, [2], 12, [3, 4]), work(2, [3], 7, last)]
     q = torch.randn(3, heads, dim)
     k_new, v_new = torch.randn(3, kv_heads, dim), torch.randn(3, kv_heads, dim)
 
@@ -129,9 +144,11 @@ def test_strided_gathered_and_per_lane_decode_attention_agree():
         out = attend(q[order], k_new[order], v_new[order], k_cache.clone(), v_cache.clone(), inp.meta)
         return {w.lane: out[r] for r, w in enumerate(inp.work)}
 
-    strided = run(ChunkCells(c, num_cells=8 * c), ws)
+    strided = run(ChunkCells(c, num_cells=11 * c), ws)
     gathered = run(ChunkCells(c), ws)
-    assert build_inputs(ws, ChunkCells(c, num_cells=8 * c)).meta.decode[0].cell_strided == (0, 24)
+    (d,) = build_inputs(ws, ChunkCells(c, num_cells=11 * c)).meta.decode
+    assert d.cell_strided == ((0, 24, 4) if gap else (0, 24, 3))
+    assert (d.slots is not None) == gap
     for lane in range(3):
         alone = run(ChunkCells(c), [ws[lane]])[lane]
         torch.testing.assert_close(strided[lane], gathered[lane], rtol=1e-6, atol=1e-6)
