@@ -60,7 +60,8 @@ class Scheduler:
         seq = self.seqs.pop(request_id)
         self.lanes[seq.lane].seq = None
         conv = seq.conv
-        assert not self.layout.truncate(conv.table, conv.num_cells)  # the written chunk is private
+        copies = self.layout.truncate(conv.table, conv.num_cells)
+        assert not copies  # the chunk an active conversation writes is private
         conv.is_active = False
         self.cache.touch(conv)
 

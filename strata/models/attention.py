@@ -80,8 +80,8 @@ def attend(
             kc, vc = k_cache[:, p.cell_index], v_cache[:, p.cell_index]  # gathers (4x index_select's speed)
         qp = q[p.row_start : p.row_end].transpose(0, 1).unsqueeze(0)  # [1, heads, rows, dim]
         rows = p.row_end - p.row_start
-        # Causal, aligned to the last cell: rows after cached cells see all of those (no
-        # mask is materialised; SDPA skips the blocks it masks).
+        # Causal, aligned to the last cell: rows after cached cells see all of those (SDPA
+        # builds the [rows, cells] mask itself where its kernel cannot apply it in place).
         mask = causal_lower_right(rows, p.num_cells) if 1 < rows < p.num_cells else None
         o = F.scaled_dot_product_attention(
             qp,

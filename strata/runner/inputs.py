@@ -86,6 +86,7 @@ def _strided_slots(rows: Sequence[LaneWork], max_cells: int, cells: ChunkCells) 
     if distance <= 0:
         return None
     slots = [(x - starts[0]) // distance for x in starts]
+    assert len(set(slots)) == len(slots), "two decoding lanes start at one cell"  # a shared write chunk
     if slots[-1] + 1 > 2 * len(rows) or starts[-1] + max_cells > cells.num_cells:
         return None
     return _Strided(order, starts[0], distance, slots)

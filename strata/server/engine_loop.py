@@ -143,6 +143,10 @@ class EngineLoop:
                 self._forget(handle)
             handle.put(event)
 
+    def _fail_open(self, error: Exception) -> None:
+        """The engine thread has ended (state is no longer "ready", so nothing new arrives)."""
+        self._deliver([(request_id, Failed(error)) for request_id in list(self._handles)])
+
     # ---- engine thread --------------------------------------------------------------------
     def _run(self) -> None:
         try:
@@ -170,7 +174,7 @@ class EngineLoop:
             log.exception("the engine loop stopped")
             self.load_error, self.state = exc, "failed"
             error = ServerError(f"the engine loop stopped: {exc}")
-            self._post([(request_id, Failed(error)) for request_id in self._accepted(engine)])
+            self._post([(request_id, Failed(error)) for request_id in self._accepted(engine)], error)
 
     def _serve(self, engine: Engine) -> None:
         while True:
@@ -280,19 +284,23 @@ class EngineLoop:
 
     def _shutdown(self, engine: Engine, batch: list[tuple[str, Event]], unread: list) -> None:
         """Every open request, and every one still queued, ends with a final event."""
+        self.state = "stopped"  # before the last events: no submit is accepted after them
         error = NotReady("the server is shutting down", code="shutting_down")
         for request_id in self._accepted(engine):
             if request_id in engine.requests:
                 engine.abort(request_id)
             batch.append((request_id, Failed(error)))
         batch += [(c.request_id, Failed(error)) for c in unread if isinstance(c, _Add)]
-        self._post(batch)
-        self.state = "stopped"
         self.snapshot = take_snapshot(engine)
+        self._post(batch, error)
 
-    def _post(self, batch: list[tuple[str, Event]]) -> None:
+    def _post(self, batch: list[tuple[str, Event]], last: Exception | None = None) -> None:
+        """Hands `batch` to the asyncio side. `last`: the engine thread is ending; after the
+        batch, every request still open there (queued, or whose events were lost) ends with it."""
         try:
             assert self._aloop is not None
             self._aloop.call_soon_threadsafe(self._deliver, batch)
+            if last is not None:
+                self._aloop.call_soon_threadsafe(self._fail_open, last)
         except RuntimeError:
             pass  # the event loop is closed: nobody is listening any more
