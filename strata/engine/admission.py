@@ -94,17 +94,15 @@ def plan_admission(
         return _plan(Reuse.NONE, None, 0, num_prompt, lanes, cache, layout)
     reuse = Reuse.EXTEND if not source.is_active and num_shared == source.num_cells else Reuse.FORK
     plan = _plan(reuse, source, num_shared, num_prompt, lanes, cache, layout)
-    if not isinstance(plan, NoRoom) or source.is_active:
-        return plan
-    # The idle conversation sharing the prefix holds the room itself: rather than refuse
-    # every request that shares its prefix, it gives way: its tail first (a branch in
-    # place keeps the shared prefix), then all of it.
-    if reuse is Reuse.FORK:
-        in_place = _plan(Reuse.EXTEND, source, num_shared, num_prompt, lanes, cache, layout)
-        if not isinstance(in_place, NoRoom):
-            return in_place
-    fresh = _plan(Reuse.NONE, None, 0, num_prompt, lanes, cache, layout)
-    return fresh if not isinstance(fresh, NoRoom) else plan
+    if not isinstance(plan, NoRoom) or source.is_active or reuse is Reuse.EXTEND:
+        return plan  # (extending all of it, a fresh start would need just what it frees)
+    # The idle conversation this request branches from holds the room itself: rather than
+    # refuse every branch of it, it gives way: its tail first (a branch in place keeps the
+    # shared prefix), then all of it (when keeping the prefix costs a copy of its last chunk).
+    in_place = _plan(Reuse.EXTEND, source, num_shared, num_prompt, lanes, cache, layout)
+    if not isinstance(in_place, NoRoom):
+        return in_place
+    return _plan(Reuse.NONE, None, 0, num_prompt, lanes, cache, layout)  # a refusal: the whole pool is too small
 
 
 def _plan(

@@ -33,6 +33,7 @@ class DecodeRows:
     # are read as one strided view
     cell_strided: tuple[int, int, int] | None = None
     slots: torch.Tensor | None = None  # [rows] each row's slot; None: row r is slot r
+    cell_runs: tuple[slice, ...] | None = None  # one row whose cells are these runs, in order
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,8 @@ class PrefillRows:
     num_cells: int
     cell_slice: slice | None  # the lane's cells are flat[slice] when contiguous
     cell_index: torch.Tensor | None  # else: [num_cells] flat cells
+    cell_runs: tuple[slice, ...] | None = None  # or: these runs, in order, read in place
+    run_masks: tuple[torch.Tensor | None, ...] | None = None  # per run: [rows, run cells] bool, None: all seen
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,10 @@ def attend(
         rows = slice(d.row_start, d.row_start + d.num_rows)
         out[rows] = _decode(q[rows], k_cache, v_cache, d)
     for p in meta.prefills:
+        if p.cell_runs is not None:
+            qp = q[p.row_start : p.row_end]
+            out[p.row_start : p.row_end] = _attend_runs(qp, k_cache, v_cache, p.cell_runs, p.run_masks)
+            continue
         if p.cell_slice is not None:
             kc, vc = k_cache[:, p.cell_slice], v_cache[:, p.cell_slice]
         else:
@@ -104,6 +111,8 @@ def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, d: De
     """
     rows, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[0]
+    if d.cell_runs is not None:
+        return _attend_runs(q, k_cache, v_cache, d.cell_runs, (None,) * len(d.cell_runs))
     if d.cell_slice is not None:
         k = k_cache[:, d.cell_slice].unsqueeze(0)  # [1, kvh, cells, dim], a view
         v = v_cache[:, d.cell_slice].unsqueeze(0)
@@ -133,3 +142,36 @@ def _strided(cache: torch.Tensor, d: DecodeRows) -> torch.Tensor:
         (distance * cell_stride, head_stride, cell_stride, dim_stride),
         cache.storage_offset() + first * cell_stride,
     )
+
+
+def _attend_runs(
+    q: torch.Tensor,  # [rows, heads, dim]: one lane's new tokens
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    runs: tuple[slice, ...],
+    masks: tuple[torch.Tensor | None, ...],  # per run: [rows, run cells] bool, None: all seen
+) -> torch.Tensor:
+    """One lane's rows over cells in a few contiguous runs, without copying them: attention
+    over each run in place, merged by each run's log-sum-exp (CPU: the kernel SDPA itself
+    uses, which also returns the log-sum-exp). Returns [rows, heads, dim]."""
+    rows, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[0]
+    group = num_heads // num_kv_heads
+    # A K/V head's query heads, each over every row, are its query rows: [1, kvh, group * rows, dim].
+    qg = q.view(rows, num_kv_heads, group, head_dim).permute(1, 2, 0, 3).reshape(1, num_kv_heads, -1, head_dim)
+    outs, lses = [], []
+    for run, mask in zip(runs, masks):
+        k = k_cache[:, run].unsqueeze(0).to(q.dtype)  # [1, kvh, run cells, dim], a view
+        v = v_cache[:, run].unsqueeze(0).to(q.dtype)
+        bias = None
+        if mask is not None:
+            mask = mask.repeat(group, 1)  # [group * rows, run cells]
+            bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
+        o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qg, k, v, attn_mask=bias)[:2]
+        if mask is not None:  # a row that sees none of the run: the kernel says lse 0, it is -inf
+            lse = lse.masked_fill(~mask.any(-1), float("-inf"))
+        outs.append(o.float())  # [1, kvh, group * rows, dim]
+        lses.append(lse)  # [1, kvh, group * rows]
+    weights = torch.softmax(torch.stack(lses), dim=0).unsqueeze(-1)  # [runs, 1, kvh, group * rows, 1]
+    o = (weights * torch.stack(outs)).sum(0).to(q.dtype)  # [1, kvh, group * rows, dim]
+    return o.view(num_kv_heads, group, rows, head_dim).permute(2, 0, 1, 3).reshape(rows, num_heads, head_dim)

@@ -39,10 +39,15 @@ class ChunkCells:
     chunk it grows and read as a prefix view every other step (LRU over `capacity` tables).
     """
 
-    def __init__(self, chunk_size: int, num_cells: int | None = None, capacity: int = 64):
+    def __init__(
+        self, chunk_size: int, num_cells: int | None = None, capacity: int = 64, runs_min_cells: int = 1024
+    ):
         self.chunk_size = chunk_size
-        self.num_cells = num_cells  # cells in the storage (bounds strided reads); None: no strided reads
+        # Cells in the storage (bounds strided reads). None: no strided or by-run reads (the
+        # gather only), as on accelerators, where those reads are untested.
+        self.num_cells = num_cells
         self.capacity = capacity
+        self.runs_min_cells = runs_min_cells  # a lane this long, in few runs, is read run by run
         self._tables: OrderedDict[tuple[int, ...], torch.Tensor] = OrderedDict()
         self._offsets = torch.arange(chunk_size)
 
@@ -92,6 +97,43 @@ def _strided_slots(rows: Sequence[LaneWork], max_cells: int, cells: ChunkCells) 
     return _Strided(order, starts[0], distance, slots)
 
 
+# At most this many contiguous runs for a lane read run by run (else it is gathered).
+MAX_RUNS = 8
+
+
+def _runs(w: LaneWork, cells: ChunkCells) -> tuple[slice, ...] | None:
+    """A long lane's cells as a few contiguous runs of storage, when it is read run by run
+    (no copy of its K/V) rather than gathered; None otherwise."""
+    if cells.num_cells is None or w.num_cells < cells.runs_min_cells:
+        return None
+    c = cells.chunk_size
+    ids = w.chunk_ids[: -(-w.num_cells // c)]
+    runs: list[slice] = []
+    first = 0
+    for i in range(1, len(ids) + 1):
+        if i == len(ids) or ids[i] != ids[i - 1] + 1:
+            runs.append(slice(ids[first] * c, ids[i - 1] * c + c))
+            first = i
+    runs[-1] = slice(runs[-1].start, runs[-1].stop - (len(ids) * c - w.num_cells))
+    return tuple(runs) if 1 < len(runs) <= MAX_RUNS else None
+
+
+def _run_masks(runs: tuple[slice, ...], num_cells: int, num_rows: int) -> tuple[torch.Tensor | None, ...]:
+    """Per run, which of its cells each new row sees ([rows, run cells] bool; None: all):
+    the rows are the last `num_rows` of `num_cells` positions, each seeing up to its own."""
+    first = num_cells - num_rows  # the first new row's position
+    masks: list[torch.Tensor | None] = []
+    pos = 0
+    for run in runs:
+        n = run.stop - run.start
+        if pos + n - 1 <= first:
+            masks.append(None)
+        else:
+            masks.append(torch.arange(pos, pos + n) <= torch.arange(first, num_cells).unsqueeze(1))
+        pos += n
+    return tuple(masks)
+
+
 def _decode_groups(decode: Sequence[LaneWork], cells: ChunkCells) -> tuple[list[LaneWork], tuple[DecodeRows, ...]]:
     """Decode rows (sorted by length) in groups padded to their longest lane; returns the
     rows in their final order and the groups.
@@ -99,14 +141,22 @@ def _decode_groups(decode: Sequence[LaneWork], cells: ChunkCells) -> tuple[list[
     A group never pads a lane to more than twice its own length, so one long lane does
     not make every short lane gather and attend over its length. A group whose lanes sit
     evenly spaced in storage (the reserved layout; pool lanes that each fit in one chunk)
-    reads them through one strided view, in address order, instead of gathering them.
+    reads them through one strided view, in address order, instead of gathering them. A
+    long lane in a few runs of chunks (a pool conversation that grew past other lanes'
+    chunks) is a group of its own, read run by run.
     """
     ordered: list[LaneWork] = []
     groups: list[DecodeRows] = []
+    runs = [_runs(w, cells) for w in decode]
     start = 0
     while start < len(decode):
+        if runs[start] is not None:
+            ordered.append(decode[start])
+            groups.append(DecodeRows(start, 1, decode[start].num_cells, None, None, cell_runs=runs[start]))
+            start += 1
+            continue
         end = start + 1
-        while end < len(decode) and decode[end].num_cells <= 2 * decode[start].num_cells:
+        while end < len(decode) and decode[end].num_cells <= 2 * decode[start].num_cells and runs[end] is None:
             end += 1
         rows = list(decode[start:end])
         max_cells = rows[-1].num_cells
@@ -160,8 +210,12 @@ def build_inputs(work: Sequence[LaneWork], cells: ChunkCells) -> StepInputs:
     for w in prefill:
         n = len(w.token_ids)
         cell_slice = _contiguous(w.chunk_ids, w.num_cells, chunk_size)
-        cell_index = None if cell_slice is not None else cells.cells(w.chunk_ids, w.num_cells)
-        prefills.append(PrefillRows(row, row + n, w.num_cells, cell_slice, cell_index))
+        runs = None if cell_slice is not None else _runs(w, cells)
+        if runs is not None:
+            prefills.append(PrefillRows(row, row + n, w.num_cells, None, None, runs, _run_masks(runs, w.num_cells, n)))
+        else:
+            cell_index = None if cell_slice is not None else cells.cells(w.chunk_ids, w.num_cells)
+            prefills.append(PrefillRows(row, row + n, w.num_cells, cell_slice, cell_index))
         row += n
 
     sample_rows, sample_work = [], []
@@ -190,11 +244,12 @@ def meta_to(meta: AttentionMeta, device: torch.device) -> AttentionMeta:
 
     decode = tuple(
         DecodeRows(d.row_start, d.num_rows, d.max_cells, mv(d.cell_index), mv(d.mask), d.cell_slice, d.cell_strided,
-                   mv(d.slots))
+                   mv(d.slots), d.cell_runs)
         for d in meta.decode
     )
     prefills = tuple(
-        PrefillRows(p.row_start, p.row_end, p.num_cells, p.cell_slice, mv(p.cell_index))
+        PrefillRows(p.row_start, p.row_end, p.num_cells, p.cell_slice, mv(p.cell_index), p.cell_runs,
+                    tuple(mv(m) for m in p.run_masks) if p.run_masks is not None else None)
         for p in meta.prefills
     )
     return AttentionMeta(mv(meta.write_index), decode, prefills)

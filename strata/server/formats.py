@@ -54,17 +54,23 @@ class Format(Protocol):
     ) -> r.ChatCompletion | r.Completion: ...
 
 
-class ChatFormat:
+class _Stream:
+    """What both formats share: the response id, creation time, model and fingerprint that
+    every chunk of one response repeats."""
+
+    id_prefix: str
+    chunk_type: type[r.ChatCompletionChunk | r.Completion]
+
     def __init__(
         self, request_id: str, model: str, fingerprint: str, tokens: TokenText, want_logprobs: bool
     ):
-        self.id = f"chatcmpl-{request_id}"
+        self.id = f"{self.id_prefix}-{request_id}"
         self.created = int(time.time())
         self.model, self.fingerprint = model, fingerprint
         self._tokens, self._want_logprobs = tokens, want_logprobs
 
-    def _chunk(self, choices: list[r.ChatChunkChoice], **extra) -> str:
-        return r.ChatCompletionChunk(
+    def _chunk(self, choices: list, **extra) -> str:
+        return self.chunk_type(
             id=self.id,
             created=self.created,
             model=self.model,
@@ -72,6 +78,10 @@ class ChatFormat:
             choices=choices,
             **extra,
         ).model_dump_json()
+
+
+class ChatFormat(_Stream):
+    id_prefix, chunk_type = "chatcmpl", r.ChatCompletionChunk
 
     def _logprobs(self, logprobs: Sequence[TokenLogprobs]) -> r.ChatLogprobs | None:
         if not self._want_logprobs:
@@ -122,25 +132,14 @@ class ChatFormat:
         )
 
 
-class CompletionFormat:
+class CompletionFormat(_Stream):
+    id_prefix, chunk_type = "cmpl", r.Completion
+
     def __init__(
         self, request_id: str, model: str, fingerprint: str, tokens: TokenText, want_logprobs: bool
     ):
-        self.id = f"cmpl-{request_id}"
-        self.created = int(time.time())
-        self.model, self.fingerprint = model, fingerprint
-        self._tokens, self._want_logprobs = tokens, want_logprobs
+        super().__init__(request_id, model, fingerprint, tokens, want_logprobs)
         self._offset = 0  # text_offset of the next token, from the start of the completion
-
-    def _chunk(self, choices: list[r.CompletionChoice], **extra) -> str:
-        return r.Completion(
-            id=self.id,
-            created=self.created,
-            model=self.model,
-            system_fingerprint=self.fingerprint,
-            choices=choices,
-            **extra,
-        ).model_dump_json()
 
     def _logprobs(self, logprobs: Sequence[TokenLogprobs]) -> r.CompletionLogprobs | None:
         if not self._want_logprobs:

@@ -3,7 +3,8 @@
 The reference is one conversation at a time, cold, in the reserved layout with 4096-cell
 chunks. Every other arrangement (pooled or reserved, chunk sizes 16/64/4096, several
 lanes at once with prompts of different lengths, a lane move, a park and restore, a
-branch from an earlier turn, a cpu,cpu layer split) must give the same tokens.
+branch from an earlier turn, a cpu,cpu layer split, K/V read through a gather, a strided
+view or run by run) must give the same tokens.
 """
 
 from __future__ import annotations
@@ -23,12 +24,12 @@ NEW = 8
 GREEDY = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True)
 
 LAYOUTS = [
-    (pooled, chunk, devices)
+    (pooled, chunk, devices, "default")
     for pooled in (False, True)
     for chunk in (16, 64, 4096)
     for devices in (("cpu",), ("cpu", "cpu"))
     if devices == ("cpu",) or chunk == 16
-]
+] + [(True, 16, ("cpu",), "runs")]  # lanes in a few runs of chunks read run by run however short
 
 prompts_st = st.lists(st.integers(3, 40000), min_size=1, max_size=60)
 
@@ -36,13 +37,16 @@ prompts_st = st.lists(st.integers(3, 40000), min_size=1, max_size=60)
 @pytest.fixture(scope="module")
 def engines(tiny_llama_dir):
     @functools.cache
-    def get(pooled: bool, chunk: int, devices: tuple[str, ...], batch: int = 3) -> Engine:
+    def get(pooled: bool, chunk: int, devices: tuple[str, ...], reads: str = "default", batch: int = 3) -> Engine:
         # Room for every lane's whole context plus a partial chunk per fork: no pool-full path here.
         per_lane = -(-MAX_CONTEXT // chunk) + 1
         pool = {"kv_pool_tokens": (batch + 1) * per_lane * chunk} if pooled else {}
         cfg = EngineConfig(model=tiny_llama_dir, dtype="float32", max_context=MAX_CONTEXT, kv_chunk=chunk,
                            batch=batch, prefill_chunk=13, devices=devices, **pool)
-        return Engine(cfg, progress=False)
+        engine = Engine(cfg, progress=False)
+        if reads == "runs":
+            engine.runner.cells.runs_min_cells = 1
+        return engine
 
     return get
 

@@ -153,3 +153,76 @@ def test_strided_gathered_and_per_lane_decode_attention_agree(gap):
         alone = run(ChunkCells(c), [ws[lane]])[lane]
         torch.testing.assert_close(strided[lane], gathered[lane], rtol=1e-6, atol=1e-6)
         torch.testing.assert_close(strided[lane], alone, rtol=1e-5, atol=1e-5)
+
+
+def test_a_long_lane_in_a_few_runs_is_read_run_by_run():
+    c = 8
+    cells = ChunkCells(c, num_cells=40 * c, runs_min_cells=16)
+    # 20 cells in chunks 3, 4 | 9; 5 cells in chunk 0; 17 cells in chunks 1, 2 | 5
+    ws = [work(0, [1], 19, [3, 4, 9]), work(1, [2], 4, [0]), work(2, [3], 16, [1, 2, 5])]
+    inp = build_inputs(ws, cells)
+    assert [w.lane for w in inp.work] == [1, 2, 0]
+    got = [(d.row_start, d.num_rows, d.max_cells, d.cell_slice, d.cell_runs) for d in inp.meta.decode]
+    assert got == [
+        (0, 1, 5, slice(0, 5), None),  # short: read in place
+        (1, 1, 17, None, (slice(8, 24), slice(40, 41))),
+        (2, 1, 20, None, (slice(24, 40), slice(72, 76))),
+    ]
+    scattered = work(0, [1], 69, [0, 2, 4, 6, 8, 10, 12, 14, 16])  # 9 runs: gathered
+    (d,) = build_inputs([scattered], cells).meta.decode
+    assert d.cell_runs is None and d.cell_index is not None
+    (d,) = build_inputs(ws[:1], ChunkCells(c, runs_min_cells=16)).meta.decode  # accelerators: gathered
+    assert d.cell_runs is None and d.cell_index is not None
+
+
+def test_run_by_run_and_gathered_decode_attention_agree():
+    torch.manual_seed(1)
+    c, kv_heads, heads, dim = 8, 2, 6, 16
+    k_cache = torch.randn(kv_heads, 40 * c, dim)
+    v_cache = torch.randn(kv_heads, 40 * c, dim)
+    ws = [work(0, [1], 19, [3, 4, 9]), work(1, [2], 4, [0]), work(2, [3], 26, [1, 2, 5, 20])]
+    q = torch.randn(3, heads, dim)
+    k_new, v_new = torch.randn(3, kv_heads, dim), torch.randn(3, kv_heads, dim)
+
+    def run(cells: ChunkCells) -> dict[int, torch.Tensor]:
+        inp = build_inputs(ws, cells)
+        order = [ws.index(w) for w in inp.work]
+        out = attend(q[order], k_new[order], v_new[order], k_cache.clone(), v_cache.clone(), inp.meta)
+        return {w.lane: out[r] for r, w in enumerate(inp.work)}
+
+    by_runs = ChunkCells(c, num_cells=40 * c, runs_min_cells=16)
+    assert [len(d.cell_runs or ()) for d in build_inputs(ws, by_runs).meta.decode] == [0, 2, 3]
+    runs, gathered = run(by_runs), run(ChunkCells(c))
+    for lane in range(3):
+        torch.testing.assert_close(runs[lane], gathered[lane], rtol=1e-5, atol=1e-5)
+
+
+def test_a_prompt_piece_of_a_long_lane_in_runs_sees_up_to_its_own_cell():
+    c = 8
+    cells = ChunkCells(c, num_cells=40 * c, runs_min_cells=16)
+    (p,) = build_inputs([work(0, [5, 6, 7, 8, 9, 10, 11], 13, [3, 4, 9])], cells).meta.prefills  # rows 13..19
+    assert p.cell_runs == (slice(24, 40), slice(72, 76)) and p.cell_index is None
+    first, last = p.run_masks
+    assert first.shape == (7, 16) and last.shape == (7, 4)
+    assert first[0].tolist() == [True] * 14 + [False] * 2 and first[2:].all()  # row 13 sees 0..13
+    assert last[:3].sum().item() == 0  # rows 13..15 see nothing of positions 16..19
+    assert last[3:].tolist() == [[j <= i for j in range(4)] for i in range(4)]
+    (p,) = build_inputs([work(0, [5, 6], 18, [3, 4, 9])], cells).meta.prefills
+    assert p.run_masks[0] is None and p.run_masks[1].tolist() == [[True, True, True, False], [True] * 4]
+
+
+@pytest.mark.parametrize("start,num_new", [(13, 7), (18, 2), (16, 3), (0, 20)])
+def test_run_by_run_and_gathered_prefill_attention_agree(start, num_new):
+    torch.manual_seed(2)
+    c, kv_heads, heads, dim = 8, 2, 6, 16
+    k_cache = torch.randn(kv_heads, 40 * c, dim)
+    v_cache = torch.randn(kv_heads, 40 * c, dim)
+    w = work(0, list(range(num_new)), start, [3, 4, 9], sample=False)
+    q = torch.randn(num_new, heads, dim)
+    k_new, v_new = torch.randn(num_new, kv_heads, dim), torch.randn(num_new, kv_heads, dim)
+    by_runs = ChunkCells(c, num_cells=40 * c, runs_min_cells=16)
+    meta = build_inputs([w], by_runs).meta
+    assert meta.prefills[0].cell_runs is not None
+    got = attend(q, k_new, v_new, k_cache.clone(), v_cache.clone(), meta)
+    want = attend(q, k_new, v_new, k_cache.clone(), v_cache.clone(), build_inputs([w], ChunkCells(c)).meta)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -597,6 +597,19 @@ def test_an_idle_conversation_holding_the_room_gives_way_whole_when_its_tail_is_
     assert len(s.cache) == 1 and s.lanes[1].conv is None
 
 
+def test_a_branch_the_whole_pool_cannot_hold_is_refused_and_its_source_kept():
+    s = Scheduler(pooled(3), num_lanes=2, max_context=32, prefill_chunk=64)
+    d = Driver(s)
+    x = [1] * 10
+    orig = _first_turn(s, d, x)
+    before = tables(s)
+    s.add("br", x[:6] + [9] * 10)  # 17 cells: 5 chunks; evicting x would make 3 free
+    p = d.step()
+    assert p.refused == (Refusal("br", 5, 3),) and p.admitted == ()
+    assert tables(s) == before and s.lanes[0].conv is orig and orig.token_ids == x
+    assert s.counters.num_evictions == 0 and s.layout.pool.num_free == 0
+
+
 def test_an_active_conversation_never_gives_way_to_its_branch():
     s = Scheduler(pooled(3), num_lanes=2, max_context=32, prefill_chunk=64)
     d = Driver(s)
