@@ -1,13 +1,14 @@
 """Attention that reads and writes K/V only through chunk tables.
 
-The runner turns each step's chunk tables into flat cell indices once (per device);
-every layer then writes its new K/V with one `index_copy_` and reads each lane's
-cells back: decoding lanes (one new token each) in one batched gather + matmul,
-prefill pieces one lane at a time, through a plain slice when the lane's cells are
-contiguous in storage.
+The runner turns each step's chunk tables into addressing once (per device): every layer
+then writes its new K/V with one `index_copy_` and reads each lane's cells back in place
+where it can (one contiguous lane; several lanes evenly spaced, through one strided view;
+a long lane in a few runs of chunks, run by run, merged by log-sum-exp) and through a
+gather of flat cell indices otherwise. Decoding lanes (one new token each) attend in
+length groups; each prefill piece attends alone, causally aligned to its last cell.
 
-Rows of the step's token batch: the decoding lanes first (one row each, shortest first,
-in length groups), then each prefill piece's rows in order.
+Rows of the step's token batch: the decoding lanes first (one row each, in length
+groups), then each prefill piece's rows in order.
 """
 
 from __future__ import annotations

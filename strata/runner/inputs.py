@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
-import math
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -12,6 +9,7 @@ import torch
 
 from strata.engine.plan import LaneWork
 from strata.models.attention import AttentionMeta, DecodeRows, PrefillRows
+from strata.runner.reads import ChunkCells, contiguous, run_masks, runs_of, strided_slots
 
 
 @dataclass(frozen=True)
@@ -24,114 +22,11 @@ class StepInputs:
     sample_work: tuple[LaneWork, ...]  # the lanes behind logits_rows, in order
 
 
-def _contiguous(chunk_ids: Sequence[int], num_cells: int, chunk_size: int) -> slice | None:
-    n = -(-num_cells // chunk_size)
-    first = chunk_ids[0]
-    if all(chunk_ids[i] == first + i for i in range(1, n)):
-        return slice(first * chunk_size, first * chunk_size + num_cells)
-    return None
-
-
-class ChunkCells:
-    """Flat cell indices of chunk tables, kept across steps.
-
-    A table changes only when it gains a chunk, so a lane's index is computed once per
-    chunk it grows and read as a prefix view every other step (LRU over `capacity` tables).
-    """
-
-    def __init__(
-        self, chunk_size: int, num_cells: int | None = None, capacity: int = 64, runs_min_cells: int = 1024
-    ):
-        self.chunk_size = chunk_size
-        # Cells in the storage (bounds strided reads). None: no strided or by-run reads (the
-        # gather only), as on accelerators, where those reads are untested.
-        self.num_cells = num_cells
-        self.capacity = capacity
-        self.runs_min_cells = runs_min_cells  # a lane this long, in few runs, is read run by run
-        self._tables: OrderedDict[tuple[int, ...], torch.Tensor] = OrderedDict()
-        self._offsets = torch.arange(chunk_size)
-
-    def cells(self, chunk_ids: tuple[int, ...], num_cells: int) -> torch.Tensor:
-        """[num_cells] flat cells of positions 0..num_cells-1 (a view: do not modify)."""
-        flat = self._tables.get(chunk_ids)
-        if flat is None:
-            chunks = torch.tensor(chunk_ids, dtype=torch.long)
-            flat = (chunks.unsqueeze(1) * self.chunk_size + self._offsets).view(-1)
-            self._tables[chunk_ids] = flat
-            if len(self._tables) > self.capacity:
-                self._tables.popitem(last=False)
-        else:
-            self._tables.move_to_end(chunk_ids)
-        return flat[:num_cells]
-
-
 def _write_cells(w: LaneWork, chunk_size: int) -> list[int]:
     """Flat cells the lane's new tokens are written to."""
     return [w.chunk_ids[p // chunk_size] * chunk_size + p % chunk_size for p in range(w.start, w.num_cells)]
 
 
-@dataclass(frozen=True)
-class _Strided:
-    order: list[int]  # the rows in storage address order
-    first: int  # the first row's first cell
-    distance: int  # cells between consecutive slots
-    slots: list[int]  # each row's slot (in `order`); slots between rows are read and discarded
-
-
-def _strided_slots(rows: Sequence[LaneWork], max_cells: int, cells: ChunkCells) -> _Strided | None:
-    """How to read `rows` through one strided view: each row's cells contiguous, their starts
-    on a grid of fixed distance with at most as many empty slots as rows (a lane not decoding
-    this step leaves one), and every padded read inside the storage; else None."""
-    slices = [_contiguous(w.chunk_ids, w.num_cells, cells.chunk_size) for w in rows]
-    if any(s is None for s in slices) or cells.num_cells is None:
-        return None
-    order = sorted(range(len(rows)), key=lambda r: slices[r].start)
-    starts = [slices[r].start for r in order]
-    distance = math.gcd(*(b - a for a, b in itertools.pairwise(starts)))
-    if distance <= 0:
-        return None
-    slots = [(x - starts[0]) // distance for x in starts]
-    assert len(set(slots)) == len(slots), "two decoding lanes start at one cell"  # a shared write chunk
-    if slots[-1] + 1 > 2 * len(rows) or starts[-1] + max_cells > cells.num_cells:
-        return None
-    return _Strided(order, starts[0], distance, slots)
-
-
-# At most this many contiguous runs for a lane read run by run (else it is gathered).
-MAX_RUNS = 8
-
-
-def _runs(w: LaneWork, cells: ChunkCells) -> tuple[slice, ...] | None:
-    """A long lane's cells as a few contiguous runs of storage, when it is read run by run
-    (no copy of its K/V) rather than gathered; None otherwise."""
-    if cells.num_cells is None or w.num_cells < cells.runs_min_cells:
-        return None
-    c = cells.chunk_size
-    ids = w.chunk_ids[: -(-w.num_cells // c)]
-    runs: list[slice] = []
-    first = 0
-    for i in range(1, len(ids) + 1):
-        if i == len(ids) or ids[i] != ids[i - 1] + 1:
-            runs.append(slice(ids[first] * c, ids[i - 1] * c + c))
-            first = i
-    runs[-1] = slice(runs[-1].start, runs[-1].stop - (len(ids) * c - w.num_cells))
-    return tuple(runs) if 1 < len(runs) <= MAX_RUNS else None
-
-
-def _run_masks(runs: tuple[slice, ...], num_cells: int, num_rows: int) -> tuple[torch.Tensor | None, ...]:
-    """Per run, which of its cells each new row sees ([rows, run cells] bool; None: all):
-    the rows are the last `num_rows` of `num_cells` positions, each seeing up to its own."""
-    first = num_cells - num_rows  # the first new row's position
-    masks: list[torch.Tensor | None] = []
-    pos = 0
-    for run in runs:
-        n = run.stop - run.start
-        if pos + n - 1 <= first:
-            masks.append(None)
-        else:
-            masks.append(torch.arange(pos, pos + n) <= torch.arange(first, num_cells).unsqueeze(1))
-        pos += n
-    return tuple(masks)
 
 
 def _decode_groups(decode: Sequence[LaneWork], cells: ChunkCells) -> tuple[list[LaneWork], tuple[DecodeRows, ...]]:
@@ -147,7 +42,7 @@ def _decode_groups(decode: Sequence[LaneWork], cells: ChunkCells) -> tuple[list[
     """
     ordered: list[LaneWork] = []
     groups: list[DecodeRows] = []
-    runs = [_runs(w, cells) for w in decode]
+    runs = [runs_of(w, cells) for w in decode]
     start = 0
     while start < len(decode):
         if runs[start] is not None:
@@ -160,7 +55,7 @@ def _decode_groups(decode: Sequence[LaneWork], cells: ChunkCells) -> tuple[list[
             end += 1
         rows = list(decode[start:end])
         max_cells = rows[-1].num_cells
-        strided = _strided_slots(rows, max_cells, cells) if len(rows) > 1 else None
+        strided = strided_slots(rows, max_cells, cells) if len(rows) > 1 else None
         lens = [w.num_cells for w in rows]
         if strided is not None:
             rows = [rows[r] for r in strided.order]
@@ -171,7 +66,7 @@ def _decode_groups(decode: Sequence[LaneWork], cells: ChunkCells) -> tuple[list[
         mask = None
         if min(lens) != max_cells:
             mask = torch.arange(max_cells) < torch.tensor(lens).view(-1, 1, 1, 1)  # [rows or slots, 1, 1, cells]
-        one = _contiguous(rows[0].chunk_ids, max_cells, cells.chunk_size) if len(rows) == 1 else None
+        one = contiguous(rows[0].chunk_ids, max_cells, cells.chunk_size) if len(rows) == 1 else None
         if one is not None:
             groups.append(DecodeRows(start, 1, max_cells, None, None, one))
         elif len(rows) == 1:  # the kept index itself: no padding, no copy
@@ -209,10 +104,10 @@ def build_inputs(work: Sequence[LaneWork], cells: ChunkCells) -> StepInputs:
     row = len(decode)
     for w in prefill:
         n = len(w.token_ids)
-        cell_slice = _contiguous(w.chunk_ids, w.num_cells, chunk_size)
-        runs = None if cell_slice is not None else _runs(w, cells)
+        cell_slice = contiguous(w.chunk_ids, w.num_cells, chunk_size)
+        runs = None if cell_slice is not None else runs_of(w, cells)
         if runs is not None:
-            prefills.append(PrefillRows(row, row + n, w.num_cells, None, None, runs, _run_masks(runs, w.num_cells, n)))
+            prefills.append(PrefillRows(row, row + n, w.num_cells, None, None, runs, run_masks(runs, w.num_cells, n)))
         else:
             cell_index = None if cell_slice is not None else cells.cells(w.chunk_ids, w.num_cells)
             prefills.append(PrefillRows(row, row + n, w.num_cells, cell_slice, cell_index))

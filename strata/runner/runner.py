@@ -10,7 +10,8 @@ import torch
 from strata.engine.plan import StepPlan
 from strata.kv.storage import KVStorage
 from strata.models.llama import LlamaModel
-from strata.runner.inputs import ChunkCells, build_inputs, meta_to
+from strata.runner.inputs import build_inputs, meta_to
+from strata.runner.reads import ChunkCells
 from strata.sampler import Sampler, TokenLogprobs
 from strata.sampling import SamplingParams
 

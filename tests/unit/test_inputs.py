@@ -7,7 +7,8 @@ import torch
 
 from strata.engine.plan import LaneWork
 from strata.models.attention import attend
-from strata.runner.inputs import ChunkCells, build_inputs
+from strata.runner.inputs import build_inputs
+from strata.runner.reads import ChunkCells
 
 
 def work(lane, tokens, start, chunks, sample=True):
