@@ -69,15 +69,21 @@ class _Stream:
         self.model, self.fingerprint = model, fingerprint
         self._tokens, self._want_logprobs = tokens, want_logprobs
 
-    def _chunk(self, choices: list, **extra) -> str:
-        return self.chunk_type(
+    def _body(self, body_type: type, choices: list, **extra):
+        return body_type(
             id=self.id,
             created=self.created,
             model=self.model,
             system_fingerprint=self.fingerprint,
             choices=choices,
             **extra,
-        ).model_dump_json()
+        )
+
+    def _chunk(self, choices: list, **extra) -> str:
+        return self._body(self.chunk_type, choices, **extra).model_dump_json()
+
+    def usage(self, out: RequestOutput) -> str:
+        return self._chunk([], usage=usage_of(out))
 
 
 class ChatFormat(_Stream):
@@ -109,9 +115,6 @@ class ChatFormat(_Stream):
         )
         return self._chunk([choice], timings=timings_of(out))
 
-    def usage(self, out: RequestOutput) -> str:
-        return self._chunk([], usage=usage_of(out))
-
     def response(
         self, text: str, logprobs: Sequence[TokenLogprobs], out: RequestOutput
     ) -> r.ChatCompletion:
@@ -121,15 +124,7 @@ class ChatFormat(_Stream):
             finish_reason=out.finish_reason or "stop",
             truncated=out.truncated,
         )
-        return r.ChatCompletion(
-            id=self.id,
-            created=self.created,
-            model=self.model,
-            system_fingerprint=self.fingerprint,
-            choices=[choice],
-            usage=usage_of(out),
-            timings=timings_of(out),
-        )
+        return self._body(r.ChatCompletion, [choice], usage=usage_of(out), timings=timings_of(out))
 
 
 class CompletionFormat(_Stream):
@@ -168,9 +163,6 @@ class CompletionFormat(_Stream):
         )
         return self._chunk([choice], timings=timings_of(out))
 
-    def usage(self, out: RequestOutput) -> str:
-        return self._chunk([], usage=usage_of(out))
-
     def response(
         self, text: str, logprobs: Sequence[TokenLogprobs], out: RequestOutput
     ) -> r.Completion:
@@ -180,12 +172,4 @@ class CompletionFormat(_Stream):
             finish_reason=out.finish_reason or "stop",
             truncated=out.truncated,
         )
-        return r.Completion(
-            id=self.id,
-            created=self.created,
-            model=self.model,
-            system_fingerprint=self.fingerprint,
-            choices=[choice],
-            usage=usage_of(out),
-            timings=timings_of(out),
-        )
+        return self._body(r.Completion, [choice], usage=usage_of(out), timings=timings_of(out))
