@@ -36,6 +36,17 @@ def prompt_ids(tokenizer, n: int, variant: int) -> list[int]:
     return ids[:n]
 
 
+def speeds(args, load_s: float, prefill_s: float, dec1_s: float, dec8_s: float) -> dict:
+    """One arm's row: seconds in, rates out."""
+    return {
+        "load_s": load_s,
+        "prefill_tok_s": args.prompt / prefill_s,
+        "decode_tok_s": args.new / dec1_s,
+        "decode8_tok_s": LANES * args.new / dec8_s,
+        "peak_rss_mib": peak_rss_mib(),
+    }
+
+
 def arm_strata(args) -> dict:
     import torch
 
@@ -72,13 +83,7 @@ def arm_strata(args) -> dict:
     prefill_s = min(run([prompt_ids(tok, args.prompt, v)], 1)[0] for v in range(3))
     _, dec1 = run([prompt_ids(tok, args.prompt, 10)], args.new + 1)
     _, dec8 = run([prompt_ids(tok, args.prompt, 20 + i) for i in range(LANES)], args.new + 1)
-    return {
-        "load_s": load_s,
-        "prefill_tok_s": args.prompt / prefill_s,
-        "decode_tok_s": args.new / dec1,
-        "decode8_tok_s": LANES * args.new / dec8,
-        "peak_rss_mib": peak_rss_mib(),
-    }
+    return speeds(args, load_s, prefill_s, dec1, dec8)
 
 
 def arm_transformers(args) -> dict:
@@ -111,13 +116,7 @@ def arm_transformers(args) -> dict:
     dec1 = gen(one, args.new + 1) - gen(one, 1)
     eight = [prompt_ids(tok, args.prompt, 20 + i) for i in range(LANES)]
     dec8 = gen(eight, args.new + 1) - gen(eight, 1)
-    return {
-        "load_s": load_s,
-        "prefill_tok_s": args.prompt / prefill_s,
-        "decode_tok_s": args.new / dec1,
-        "decode8_tok_s": LANES * args.new / dec8,
-        "peak_rss_mib": peak_rss_mib(),
-    }
+    return speeds(args, load_s, prefill_s, dec1, dec8)
 
 
 def arm_llamacpp(args) -> dict:
@@ -154,13 +153,7 @@ def arm_llamacpp(args) -> dict:
         token = int(np.argmax(last_logits()))
     dec1 = time.perf_counter() - t
     llm.close()  # its context and K/V go before the 8-lane context is made
-    return {
-        "load_s": load_s,
-        "prefill_tok_s": args.prompt / prefill_s,
-        "decode_tok_s": args.new / dec1,
-        "decode8_tok_s": LANES * args.new / llamacpp_decode_lanes(args, path, tok),
-        "peak_rss_mib": peak_rss_mib(),
-    }
+    return speeds(args, load_s, prefill_s, dec1, llamacpp_decode_lanes(args, path, tok))
 
 
 def llamacpp_decode_lanes(args, path: str, tok) -> float:

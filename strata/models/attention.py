@@ -48,7 +48,7 @@ class PrefillRows:
     cell_slice: slice | None  # the lane's cells are flat[slice] when contiguous
     cell_index: torch.Tensor | None  # else: [num_cells] flat cells
     cell_runs: tuple[slice, ...] | None = None  # or: these runs, in order, read in place
-    run_masks: tuple[torch.Tensor | None, ...] | None = None  # per run: [rows, run cells] bool, None: all seen
+    run_masks: tuple[torch.Tensor | None, ...] | None = None  # per run: [rows, <= rows cells] bool, None: all seen
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import torch
 
 from strata.engine.plan import LaneWork
 from strata.models.attention import AttentionMeta, DecodeRows, PrefillRows
-from strata.runner.reads import ChunkCells, contiguous, run_masks, runs_of, strided_slots
+from strata.runner.reads import ChunkCells, contiguous, runs_of, split_for_rows, strided_slots
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,7 @@ def build_inputs(work: Sequence[LaneWork], cells: ChunkCells) -> StepInputs:
         cell_slice = contiguous(w.chunk_ids, w.num_cells, chunk_size)
         runs = None if cell_slice is not None else runs_of(w, cells)
         if runs is not None:
-            prefills.append(PrefillRows(row, row + n, w.num_cells, None, None, runs, run_masks(runs, w.num_cells, n)))
+            prefills.append(PrefillRows(row, row + n, w.num_cells, None, None, *split_for_rows(runs, w.num_cells, n)))
         else:
             cell_index = None if cell_slice is not None else cells.cells(w.chunk_ids, w.num_cells)
             prefills.append(PrefillRows(row, row + n, w.num_cells, cell_slice, cell_index))

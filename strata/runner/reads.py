@@ -103,17 +103,24 @@ def runs_of(w: LaneWork, cells: ChunkCells) -> tuple[slice, ...] | None:
     return tuple(runs) if 1 < len(runs) <= MAX_RUNS else None
 
 
-def run_masks(runs: tuple[slice, ...], num_cells: int, num_rows: int) -> tuple[torch.Tensor | None, ...]:
-    """Per run, which of its cells each new row sees ([rows, run cells] bool; None: all):
+def split_for_rows(
+    runs: tuple[slice, ...], num_cells: int, num_rows: int
+) -> tuple[tuple[slice, ...], tuple[torch.Tensor | None, ...]]:
+    """The runs re-cut so that every row sees all of each run but the last few, and which
+    cells of those each row sees ([rows, cells] bool, at most `num_rows` cells; None: all):
     the rows are the last `num_rows` of `num_cells` positions, each seeing up to its own."""
     first = num_cells - num_rows  # the first new row's position
+    cut: list[slice] = []
     masks: list[torch.Tensor | None] = []
     pos = 0
     for run in runs:
         n = run.stop - run.start
-        if pos + n - 1 <= first:
+        seen = min(n, max(0, first + 1 - pos))  # cells every new row sees
+        if seen:
+            cut.append(slice(run.start, run.start + seen))
             masks.append(None)
-        else:
-            masks.append(torch.arange(pos, pos + n) <= torch.arange(first, num_cells).unsqueeze(1))
+        if seen < n:
+            cut.append(slice(run.start + seen, run.stop))
+            masks.append(torch.arange(pos + seen, pos + n) <= torch.arange(first, num_cells).unsqueeze(1))
         pos += n
-    return tuple(masks)
+    return tuple(cut), tuple(masks)

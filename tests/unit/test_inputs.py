@@ -202,14 +202,16 @@ def test_a_prompt_piece_of_a_long_lane_in_runs_sees_up_to_its_own_cell():
     c = 8
     cells = ChunkCells(c, num_cells=40 * c, runs_min_cells=16)
     (p,) = build_inputs([work(0, [5, 6, 7, 8, 9, 10, 11], 13, [3, 4, 9])], cells).meta.prefills  # rows 13..19
-    assert p.cell_runs == (slice(24, 40), slice(72, 76)) and p.cell_index is None
-    first, last = p.run_masks
-    assert first.shape == (7, 16) and last.shape == (7, 4)
-    assert first[0].tolist() == [True] * 14 + [False] * 2 and first[2:].all()  # row 13 sees 0..13
+    # every row sees positions 0..13 (cells 24..38); positions 14, 15 and 16..19 by row
+    assert p.cell_runs == (slice(24, 38), slice(38, 40), slice(72, 76)) and p.cell_index is None
+    everyone, tail, last = p.run_masks
+    assert everyone is None and tail.shape == (7, 2) and last.shape == (7, 4)
+    assert tail.tolist() == [[False, False], [True, False]] + [[True, True]] * 5  # row 13 sees neither
     assert last[:3].sum().item() == 0  # rows 13..15 see nothing of positions 16..19
     assert last[3:].tolist() == [[j <= i for j in range(4)] for i in range(4)]
     (p,) = build_inputs([work(0, [5, 6], 18, [3, 4, 9])], cells).meta.prefills
-    assert p.run_masks[0] is None and p.run_masks[1].tolist() == [[True, True, True, False], [True] * 4]
+    assert p.cell_runs == (slice(24, 40), slice(72, 75), slice(75, 76))
+    assert p.run_masks[:2] == (None, None) and p.run_masks[2].tolist() == [[False], [True]]
 
 
 @pytest.mark.parametrize("start,num_new", [(13, 7), (18, 2), (16, 3), (0, 20)])
