@@ -65,3 +65,40 @@ class QueueFullError(StrataError):
     def __init__(self, num_waiting: int, retry_after: int = 1):
         super().__init__(f"{num_waiting} requests are already waiting for a lane; retry later")
         self.retry_after = retry_after
+
+
+class StepFailed(StrataError):
+    """The engine failed while computing a step that carried this request (HTTP 500).
+
+    Only that step's requests end; their K/V goes back to the pool and every other
+    conversation carries on. The message is short and names `error_id`; the details
+    are in the server's log under the same id.
+    """
+
+    code = "server_error"
+
+    def __init__(self, error_id: str):
+        super().__init__(
+            f"the engine failed while computing this request (error id {error_id}); "
+            "the request was ended and its K/V freed, other requests are unaffected: retry it"
+        )
+        self.error_id = error_id
+
+
+class PoolError(StrataError):
+    """A pool contract was broken by its caller (a bug); raised before any state changes."""
+
+
+class PoolExhausted(PoolError):
+    def __init__(self, num_wanted: int, num_free: int):
+        super().__init__(f"the pool was asked for {num_wanted} chunks with {num_free} free")
+        self.num_wanted = num_wanted
+        self.num_free = num_free
+
+
+class ChunkNotHeld(PoolError):
+    def __init__(self, operation: str, chunk_id: int, refcount: int, times: int = 1):
+        super().__init__(
+            f"{operation} of chunk {chunk_id} {times} time(s), but it has {refcount} holder(s)"
+        )
+        self.chunk_id = chunk_id

@@ -12,6 +12,7 @@ import logging
 import math
 import statistics
 import time
+import uuid
 from collections import deque
 from collections.abc import Sequence
 
@@ -20,20 +21,20 @@ import torch
 from strata.config import EngineConfig, check_pool_covers_context
 from strata.detok import IncrementalDetokenizer
 from strata.engine.memory import MemoryPlan, check_memory
-from strata.engine.plan import StepPlan
 from strata.engine.request import RequestOutput, RequestState
 from strata.engine.scheduler import Scheduler
-from strata.errors import ContextLengthExceeded, PoolFullError, RequestError
+from strata.errors import ContextLengthExceeded, PoolFullError, RequestError, StepFailed
 from strata.kv.layout import KVLayout, PooledLayout
 from strata.kv.reserve import ReservedLayout
 from strata.kv.storage import KV_TORCH_DTYPES, KVStorage
 from strata.kv.table import chunks_for
 from strata.loader import ModelSource, open_model
-from strata.models.build import TORCH_DTYPES, build_model
+from strata.loader.build import TORCH_DTYPES, build_model
 from strata.models.config import ModelConfig
 from strata.runner.runner import ModelRunner
 from strata.sampler import make_generator
 from strata.sampling import SamplingParams
+from strata.step import StepOutput, StepPlan
 
 log = logging.getLogger("strata")
 
@@ -129,23 +130,44 @@ class Engine:
 
     # ---- one step -----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        """Plan, execute, commit. A failure in execute ends the step's requests only."""
         t0 = time.perf_counter()
         plan = self.scheduler.schedule()
         outputs = self._settle_admissions(plan)
+        if plan.is_empty:
+            return outputs
         params = {w.request_id: self.requests[w.request_id].params for w in plan.work}
         generators = {w.request_id: self.requests[w.request_id].generator for w in plan.work}
-        result = self.runner.execute(plan, params, generators)
+        try:
+            result = self.runner.execute(plan, params, generators)
+        except Exception:  # noqa: BLE001 - any fault in the forward or the copies
+            return outputs + self._fail_step(plan)
+        outputs += self._commit(plan, result)
+        if plan.work:
+            self._step_seconds.append(time.perf_counter() - t0)
+        return outputs
+
+    def _commit(self, plan: StepPlan, result: StepOutput) -> list[RequestOutput]:
+        can_continue = self.scheduler.commit(plan, result)
+        outputs = []
         for s in result.sampled:
             state = self.requests[s.request_id]
-            can_continue = self.scheduler.on_sampled(s.request_id, s.token_id)
-            out = state.on_token(s.token_id, s.logprobs, can_continue)
+            out = state.on_token(s.token_id, s.logprobs, can_continue[s.request_id])
             if out.finished:
                 self.scheduler.finish(s.request_id)
                 del self.requests[s.request_id]
             outputs.append(out)
-        if plan.work:
-            self._step_seconds.append(time.perf_counter() - t0)
         return outputs
+
+    def _fail_step(self, plan: StepPlan) -> list[RequestOutput]:
+        """Ends the requests `plan` carried with a StepFailed naming an id the log repeats."""
+        error_id = f"err-{uuid.uuid4().hex[:12]}"
+        log.exception("step failed (%s): ending requests %s", error_id, ", ".join(plan.request_ids))
+        error = StepFailed(error_id)
+        return [
+            self.requests.pop(request_id).end("error", error=error)
+            for request_id in self.scheduler.fail(plan)
+        ]
 
     def _settle_admissions(self, plan: StepPlan) -> list[RequestOutput]:
         now = time.perf_counter()
@@ -221,5 +243,6 @@ class Engine:
                 raise PoolFullError(plan.refused[0].num_chunks_needed, plan.refused[0].num_chunks_free, 1)
             self.kv.copy_cells(plan.copies)
             rows.append(self.runner.logits_for(plan.work))
+            self.scheduler.commit(plan, StepOutput())
         self.scheduler.abort(request_id)
         return torch.cat(rows)

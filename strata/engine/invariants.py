@@ -1,6 +1,6 @@
 """The scheduler's invariants, checked by tests after every step (and by `Scheduler.check`).
 
-- the pool's own accounting holds: `free + held == total`;
+- the pool's free list and refcounts agree (a scan, not arithmetic on its counters);
 - every held conversation has exactly one cell per listed token, within its table;
 - lanes and conversations point at each other consistently; a busy lane's sequence
   extends the lane's conversation;

@@ -1,5 +1,11 @@
 """The scheduler: admission, lanes, growth, eviction and truncation. Imports no torch.
 
+A step is a transaction: `schedule` plans it, the runner executes it, and `commit`
+records what was computed (the cells written, the tokens sampled); if the execute
+fails, `fail` ends exactly the requests the step carried instead. Planning holds room
+(chunks) and decides admissions, refusals and truncations, but never advances a
+conversation: a conversation claims a cell only once its K/V is written.
+
 Every step it (1) grows the tables of decoding lanes by one cell, making room in the
 order DESIGN.md gives (idle conversations give way LRU first; then the youngest lane
 that cannot grow ends, truncated), (2) admits waiting requests into free lanes with
@@ -23,11 +29,11 @@ from strata.engine.admission import (
 from strata.engine.cache import ConversationCache
 from strata.engine.conversation import Conversation, Lane, Sequence
 from strata.engine.invariants import check_invariants
-from strata.engine.plan import Admission, PoolCounters, Refusal, StepPlan
-from strata.engine.stats import PoolStats, pool_stats
-from strata.engine.work import build_work
+from strata.engine.stats import PoolCounters, PoolStats, pool_stats
+from strata.engine.work import build_work, commit_work
 from strata.kv.layout import KVLayout
 from strata.kv.table import CellCopy
+from strata.step import Admission, Refusal, StepOutput, StepPlan
 
 
 class Scheduler:
@@ -47,12 +53,43 @@ class Scheduler:
         assert 0 < len(prompt_ids) < self.max_context, "the engine validates prompt length"
         self.waiting.append((request_id, list(prompt_ids)))
 
-    def on_sampled(self, request_id: str, token_id: int) -> bool:
-        """Record a sampled token; False when the context is full and it cannot be fed."""
-        seq = self.seqs[request_id]
-        seq.pending = token_id
-        seq.num_output += 1
-        return seq.conv.num_cells + 1 <= self.max_context
+    def commit(self, plan: StepPlan, output: StepOutput) -> dict[str, bool]:
+        """The runner executed `plan`: its cells are written and `output` sampled. Returns,
+        per sampled request, whether its token can be fed (False: the context is full)."""
+        commit_work(self.seqs, plan.work)
+        can_continue = {}
+        for s in output.sampled:
+            seq = self.seqs[s.request_id]
+            seq.pending = s.token_id
+            seq.num_output += 1
+            can_continue[s.request_id] = seq.conv.num_cells + 1 <= self.max_context
+        return can_continue
+
+    def fail(self, plan: StepPlan) -> tuple[str, ...]:
+        """The runner failed on `plan`: end the requests it carried and give back their room.
+
+        Nothing of the step was committed, so every conversation still claims only cells
+        written by earlier steps. A request whose table received copies this step (a fork's
+        partial chunk, a reserved move, a copy-on-write) may hold cells half copied: its
+        conversation is dropped. Any other follow-up goes back to the conversation it
+        found, which stays cached; a new conversation is dropped. Parked conversations and
+        requests the step did not carry are untouched.
+        """
+        self.counters.num_failed_steps += 1
+        copied = {a.request_id for a in plan.admitted if a.has_copies}
+        ended = []
+        for request_id in plan.request_ids:
+            seq = self.seqs.get(request_id)
+            if seq is None:
+                continue
+            if request_id in copied:
+                del self.seqs[request_id]
+                self.lanes[seq.lane].seq = None
+                self._drop(seq.conv)
+            else:
+                self.abort(request_id)
+            ended.append(request_id)
+        return tuple(ended)
 
     def finish(self, request_id: str) -> None:
         """The request is done: its conversation stays cached, idle in its lane, holding
@@ -108,8 +145,9 @@ class Scheduler:
                 self.counters.num_refusals += 1
                 refused.append(Refusal(request_id, plan.num_chunks_needed, plan.num_chunks_free))
                 continue
-            copies += self._admit(request_id, prompt_ids, plan)
-            admitted.append(Admission(request_id, plan.lane, plan.num_cached))
+            admission_copies = self._admit(request_id, prompt_ids, plan)
+            copies += admission_copies
+            admitted.append(Admission(request_id, plan.lane, plan.num_cached, bool(admission_copies)))
         return StepPlan(tuple(copies), build_work(self.seqs.values(), self.prefill_chunk), tuple(admitted), tuple(refused), truncated)
 
     def _admit(self, request_id: str, prompt_ids: list[int], plan: AdmissionPlan) -> list[CellCopy]:

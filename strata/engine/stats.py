@@ -10,6 +10,20 @@ from strata.engine.conversation import Lane
 from strata.kv.layout import KVLayout
 
 
+@dataclass
+class PoolCounters:
+    """Monotonic counters of the scheduler: the pool's behaviour and failed steps (on /metrics)."""
+
+    num_evictions: int = 0
+    num_refusals: int = 0
+    num_truncations: int = 0
+    num_moves_swap: int = 0
+    num_moves_copy: int = 0
+    num_cells_copied: int = 0
+    num_cached_tokens: int = 0
+    num_failed_steps: int = 0  # steps whose execute raised (their requests ended with an error)
+
+
 @dataclass(frozen=True)
 class PoolStats:
     num_chunks_total: int

@@ -1,17 +1,21 @@
 """One step's work per lane: a decoding lane feeds its pending token; prefilling lanes
 share a budget of `prefill_chunk` prompt tokens, oldest first, so long prompts are read
-in pieces between decode steps."""
+in pieces between decode steps.
+
+Planning only: nothing here changes a conversation or a sequence. The cells a step
+writes are recorded by `commit_work` once the runner has returned.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from strata.engine.conversation import Sequence
-from strata.engine.plan import LaneWork
+from strata.step import LaneWork
 
 
 def build_work(seqs: Iterable[Sequence], prefill_chunk: int) -> tuple[LaneWork, ...]:
-    """Lists each lane's tokens and advances its conversation by them (cells written this step)."""
+    """Each lane's tokens for this step, starting at the cells its conversation holds."""
     work = []
     budget = prefill_chunk
     for seq in sorted(seqs, key=lambda s: s.order):
@@ -22,13 +26,24 @@ def build_work(seqs: Iterable[Sequence], prefill_chunk: int) -> tuple[LaneWork, 
             if n == 0:
                 continue
             budget -= n
-            tokens = seq.prompt_ids[start : start + n]
+            tokens = tuple(seq.prompt_ids[start : start + n])
             do_sample = start + n == len(seq.prompt_ids)
         elif seq.pending is not None:
-            tokens, seq.pending, do_sample = [seq.pending], None, True
+            tokens, do_sample = (seq.pending,), True
         else:
             continue
-        conv.token_ids.extend(tokens)
-        conv.table.num_cells = start + len(tokens)
-        work.append(LaneWork(seq.lane, seq.request_id, tuple(tokens), start, tuple(conv.table.chunk_ids), do_sample))
+        work.append(LaneWork(seq.lane, seq.request_id, tokens, start, tuple(conv.table.chunk_ids), do_sample))
     return tuple(work)
+
+
+def commit_work(seqs: Mapping[str, Sequence], work: Iterable[LaneWork]) -> None:
+    """The runner wrote `work`'s cells: each conversation now holds them (and its tokens)."""
+    for w in work:
+        seq = seqs[w.request_id]
+        conv = seq.conv
+        assert conv.num_cells == w.start, (w.request_id, conv.num_cells, w.start)
+        if not seq.is_prefilling:
+            assert w.token_ids == (seq.pending,), (w.request_id, w.token_ids, seq.pending)
+            seq.pending = None  # fed: its K/V is written
+        conv.token_ids.extend(w.token_ids)
+        conv.table.num_cells = w.num_cells

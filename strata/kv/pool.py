@@ -3,15 +3,23 @@
 Imports no torch: the storage a chunk id points at lives in `kv.storage`, and every
 layer's storage uses the same id for the same slot.
 
-Invariants (checked by `check`):
-- `num_free + num_held == num_total`;
-- a chunk is free exactly when its refcount is 0;
+Contracts: `allocate` beyond the free chunks, and `share` or `release` of a chunk
+with too few holders, raise a `PoolError` before anything changes, so a caller's bug
+can neither leak ids nor drive a refcount negative (under `python -O` too).
+
+Invariants (checked by `check`, by scanning, not by arithmetic on the counters):
+- the free list holds each id at most once, and exactly the ids whose refcount is 0;
+- `num_held` counts the ids whose refcount is above 0, so free + held == total;
 - ids are handed out lowest first, so tests can assert exact ids.
 """
 
 from __future__ import annotations
 
 import heapq
+from collections import Counter
+from collections.abc import Iterable
+
+from strata.errors import ChunkNotHeld, PoolError, PoolExhausted
 
 
 class KVPool:
@@ -26,7 +34,7 @@ class KVPool:
 
     @property
     def num_free(self) -> int:
-        return self.num_total - self.num_held
+        return len(self._free)
 
     @property
     def num_cells_total(self) -> int:
@@ -36,31 +44,42 @@ class KVPool:
         return num_chunks <= self.num_free
 
     def allocate(self, num_chunks: int) -> list[int]:
-        """Hand out `num_chunks` ids with refcount 1; the caller checked `can_allocate`."""
-        assert num_chunks <= self.num_free, f"allocate({num_chunks}) with {self.num_free} free"
+        """Hand out `num_chunks` ids with refcount 1 (lowest first)."""
+        if not 0 <= num_chunks <= self.num_free:
+            raise PoolExhausted(num_chunks, self.num_free)
         ids = [heapq.heappop(self._free) for _ in range(num_chunks)]
         for i in ids:
             self._refcounts[i] = 1
         self.num_held += num_chunks
         return ids
 
-    def share(self, ids: list[int]) -> None:
+    def share(self, ids: Iterable[int]) -> None:
         """One more holder for each of `ids` (a forked table shares full chunks)."""
+        ids = list(ids)
         for i in ids:
-            assert self._refcounts[i] > 0, f"share of free chunk {i}"
+            self._check_held("share", i, 1)
+        for i in ids:
             self._refcounts[i] += 1
 
-    def release(self, ids: list[int]) -> int:
-        """One holder fewer for each of `ids`; returns how many chunks became free."""
+    def release(self, ids: Iterable[int]) -> int:
+        """One holder fewer for each of `ids` (an id may repeat); returns how many became free."""
+        counts = Counter(ids)
+        for i, n in counts.items():
+            self._check_held("release", i, n)
         num_freed = 0
-        for i in ids:
-            assert self._refcounts[i] > 0, f"release of free chunk {i}"
-            self._refcounts[i] -= 1
+        for i, n in counts.items():
+            self._refcounts[i] -= n
             if self._refcounts[i] == 0:
                 heapq.heappush(self._free, i)
                 num_freed += 1
         self.num_held -= num_freed
         return num_freed
+
+    def _check_held(self, operation: str, chunk_id: int, times: int) -> None:
+        if not (isinstance(chunk_id, int) and 0 <= chunk_id < self.num_total):
+            raise PoolError(f"{operation} of chunk {chunk_id!r}: ids are 0..{self.num_total - 1}")
+        if self._refcounts[chunk_id] < times:
+            raise ChunkNotHeld(operation, chunk_id, self._refcounts[chunk_id], times)
 
     def refcount(self, chunk_id: int) -> int:
         return self._refcounts[chunk_id]
@@ -68,16 +87,24 @@ class KVPool:
     def is_shared(self, chunk_id: int) -> bool:
         return self._refcounts[chunk_id] > 1
 
-    def num_freed_by_release(self, ids: list[int]) -> int:
+    def free_ids(self) -> list[int]:
+        """The free list, lowest first (a copy)."""
+        return sorted(self._free)
+
+    def num_freed_by_release(self, ids: Iterable[int]) -> int:
         """How many chunks releasing `ids` once would free (nothing is changed)."""
-        counts: dict[int, int] = {}
-        for i in ids:
-            counts[i] = counts.get(i, 0) + 1
-        return sum(1 for i, n in counts.items() if self._refcounts[i] == n)
+        return sum(1 for i, n in Counter(ids).items() if self._refcounts[i] == n)
 
     def check(self) -> None:
-        held = sum(1 for c in self._refcounts if c > 0)
-        assert held == self.num_held, f"held {held} != counted {self.num_held}"
-        assert len(self._free) == self.num_free, f"free list {len(self._free)} != {self.num_free}"
-        assert self.num_free + self.num_held == self.num_total
-        assert all(self._refcounts[i] == 0 for i in self._free)
+        """Raises PoolError naming the first broken invariant (tests call it after each step)."""
+        free = set(self._free)
+        if len(free) != len(self._free):
+            raise PoolError("an id is on the free list twice")
+        zero = {i for i, c in enumerate(self._refcounts) if c == 0}
+        if free != zero:
+            raise PoolError(f"free list != refcount-0 ids: {sorted(free ^ zero)[:8]} differ")
+        if any(c < 0 for c in self._refcounts):
+            raise PoolError("a refcount is negative")
+        held = self.num_total - len(zero)
+        if held != self.num_held:
+            raise PoolError(f"{held} ids have holders but num_held is {self.num_held}")

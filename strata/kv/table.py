@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from strata.errors import PoolExhausted
 from strata.kv.pool import KVPool
 
 
@@ -69,14 +70,10 @@ def fork(table: ChunkTable, pool: KVPool, num_cells: int) -> tuple[ChunkTable, l
     c = pool.chunk_size
     num_full, rest = divmod(num_cells, c)
     shared = table.chunk_ids[:num_full]
+    new = pool.allocate(1 if rest else 0)  # first: a pool error leaves every refcount as it was
     pool.share(shared)
-    ids = list(shared)
-    copies: list[CellCopy] = []
-    if rest:
-        (new,) = pool.allocate(1)
-        copies.append(CellCopy(table.chunk_ids[num_full], new, 0, rest))
-        ids.append(new)
-    return ChunkTable(ids, num_cells), copies
+    copies = [CellCopy(table.chunk_ids[num_full], new[0], 0, rest)] if rest else []
+    return ChunkTable(shared + new, num_cells), copies
 
 
 def num_chunks_to_truncate(table: ChunkTable, pool: KVPool, num_cells: int) -> int:
@@ -93,15 +90,18 @@ def truncate(table: ChunkTable, pool: KVPool, num_cells: int) -> list[CellCopy]:
     assert num_cells <= table.num_cells
     c = pool.chunk_size
     keep = chunks_for(num_cells, c)
-    pool.release(table.chunk_ids[keep:])
+    need, tail = num_chunks_to_truncate(table, pool, num_cells), table.chunk_ids[keep:]
+    if need > pool.num_free + pool.num_freed_by_release(tail):  # checked before anything changes
+        raise PoolExhausted(need, pool.num_free + pool.num_freed_by_release(tail))
+    pool.release(tail)  # first, so the copy may take a chunk the tail gave back
     del table.chunk_ids[keep:]
     table.num_cells = num_cells
-    copies: list[CellCopy] = []
-    if num_cells % c and pool.is_shared(table.chunk_ids[-1]):
-        (new,) = pool.allocate(1)
-        copies.append(CellCopy(table.chunk_ids[-1], new, 0, num_cells % c))
-        pool.release([table.chunk_ids[-1]])
-        table.chunk_ids[-1] = new
+    if not need:
+        return []
+    (new,) = pool.allocate(1)
+    copies = [CellCopy(table.chunk_ids[-1], new, 0, num_cells % c)]
+    pool.release([table.chunk_ids[-1]])
+    table.chunk_ids[-1] = new
     return copies
 
 

@@ -11,7 +11,7 @@ import torch
 
 from strata.errors import LoaderError
 from strata.loader.default import default_model_path
-from strata.loader.q4 import Q4Weight
+from strata.models.q4 import Q4Weight
 from strata.loader.tokenizer import Tokenizer
 from strata.models.config import ModelConfig
 
@@ -44,7 +44,7 @@ def _fingerprint(path: str, config: ModelConfig) -> str:
 def open_model(path: str | None = None, keep_q4: bool = False) -> ModelSource:
     """Opens `path` (a .gguf file or a Hugging Face directory); None means the default model.
 
-    `keep_q4`: also yield GGUF 4-bit projections as stored (name + ".q4", see loader/q4.py).
+    `keep_q4`: also yield GGUF 4-bit projections as stored (name + ".q4", see models/q4.py).
     """
     path = default_model_path() if path is None else path
     if os.path.isdir(path):

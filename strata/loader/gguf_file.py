@@ -11,7 +11,7 @@ from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
 from strata.errors import LoaderError
-from strata.loader.q4 import Q4_TYPES, Q4Weight, q4_from_blocks
+from strata.models.q4 import Q4_TYPES, Q4Weight, q4_from_blocks
 from strata.models.config import ModelConfig
 
 # Tensor types strata dequantises (gguf's numpy kernels do the work).

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 import torch
 import torch.nn.functional as F
 
-from strata.loader.q4 import GROUP, Q4Weight, pack_for_cpu
+from strata.models.q4 import GROUP, Q4Weight, pack_for_cpu
 from strata.models.config import ModelConfig
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from strata.engine.plan import LaneWork
+from strata.step import LaneWork
 from strata.models.attention import AttentionMeta, DecodeRows, PrefillRows
 from strata.runner.reads import ChunkCells, contiguous, runs_of, split_for_rows, strided_slots
 

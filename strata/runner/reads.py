@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from strata.engine.plan import LaneWork
+from strata.step import LaneWork
 
 
 def contiguous(chunk_ids: Sequence[int], num_cells: int, chunk_size: int) -> slice | None:

@@ -3,29 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 import torch
 
-from strata.engine.plan import StepPlan
 from strata.kv.storage import KVStorage
 from strata.models.llama import LlamaModel
 from strata.runner.inputs import build_inputs, meta_to
 from strata.runner.reads import ChunkCells
-from strata.sampler import Sampler, TokenLogprobs
+from strata.sampler import Sampler
 from strata.sampling import SamplingParams
-
-
-@dataclass(frozen=True)
-class Sampled:
-    request_id: str
-    token_id: int
-    logprobs: TokenLogprobs | None
-
-
-@dataclass(frozen=True)
-class StepOutput:
-    sampled: tuple[Sampled, ...]
+from strata.step import Sampled, StepOutput, StepPlan
 
 
 class ModelRunner:
@@ -47,7 +34,12 @@ class ModelRunner:
         params: Mapping[str, SamplingParams],
         generators: Mapping[str, torch.Generator | None],
     ) -> StepOutput:
-        """Runs `plan`'s copies and forward; samples one token for each lane that samples."""
+        """Runs `plan`'s copies and forward; samples one token for each lane that samples.
+
+        Writes K/V only into cells the plan names (its copies' destinations and its work's
+        new cells); changes no scheduler state, so a failure here can be undone by ending
+        the plan's requests.
+        """
         self.kv.copy_cells(plan.copies)
         if not plan.work:
             return StepOutput(())

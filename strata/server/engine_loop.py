@@ -171,9 +171,10 @@ class EngineLoop:
         try:
             self._serve(engine)
         except BaseException as exc:  # a bug: fail every request rather than leave it hanging
-            log.exception("the engine loop stopped")
+            error_id = f"err-{uuid.uuid4().hex[:12]}"
+            log.exception("the engine loop stopped (%s)", error_id)
             self.load_error, self.state = exc, "failed"
-            error = ServerError(f"the engine loop stopped: {exc}")
+            error = ServerError(f"the engine loop stopped (error id {error_id})")
             self._post([(request_id, Failed(error)) for request_id in self._accepted(engine)], error)
 
     def _serve(self, engine: Engine) -> None:
@@ -223,10 +224,11 @@ class EngineLoop:
 
     def _step(self, engine: Engine) -> list[tuple[str, Event]]:
         try:
-            outputs = engine.step()
-        except Exception as exc:
-            log.exception("engine step failed")
-            return self._fail_all(engine, exc)
+            outputs = engine.step()  # a fault in execute ends that step's requests in there
+        except Exception:  # a fault in planning or committing: the scheduler's state is unknown
+            error_id = f"err-{uuid.uuid4().hex[:12]}"
+            log.exception("engine step failed outside execute (%s): ending every open request", error_id)
+            return self._fail_all(engine, error_id)
         batch: list[tuple[str, Event]] = []
         by_id = {out.request_id: out for out in outputs}
         for request_id in list(self._pending):
@@ -262,8 +264,8 @@ class EngineLoop:
             self._arrival.pop(request_id, None)
             self._last_token.pop(request_id, None)
 
-    def _fail_all(self, engine: Engine, exc: Exception) -> list[tuple[str, Event]]:
-        error = ServerError(f"the engine failed: {exc}")
+    def _fail_all(self, engine: Engine, error_id: str) -> list[tuple[str, Event]]:
+        error = ServerError(f"the engine failed (error id {error_id}); open requests were ended: retry")
         batch: list[tuple[str, Event]] = []
         for request_id in self._accepted(engine):
             try:

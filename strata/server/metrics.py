@@ -91,6 +91,11 @@ class PoolCollector(Collector):
                 "prompt tokens whose K/V were reused",
                 counters.num_cached_tokens,
             ),
+            (
+                "strata_failed_steps",
+                "steps whose execute failed (their requests ended with server_error)",
+                counters.num_failed_steps,
+            ),
         ):
             yield CounterMetricFamily(name, doc, value=value)
         moves = CounterMetricFamily(

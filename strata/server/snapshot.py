@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from strata.engine.engine import Engine
-from strata.engine.plan import PoolCounters
+from strata.engine.stats import PoolCounters
 from strata.engine.stats import PoolStats
 
 

@@ -26,7 +26,7 @@ from strata.engine.engine import Engine
 from strata.errors import LoaderError
 from strata.loader import open_model
 from strata.loader.gguf_file import SUPPORTED_TYPES
-from strata.loader.q4 import q4_from_blocks
+from strata.models.q4 import q4_from_blocks
 from strata.sampling import SamplingParams
 
 transformers = pytest.importorskip("transformers")

@@ -12,6 +12,7 @@ import pytest
 
 from strata.config import EngineConfig
 from strata.engine.engine import Engine
+from strata.errors import StepFailed
 from strata.sampling import SamplingParams
 from strata.server import engine_loop
 from strata.server.engine_loop import EngineLoop
@@ -89,5 +90,57 @@ def test_a_broken_loop_ends_running_and_queued_requests(monkeypatch):
         with pytest.raises(NotReady):
             loop.submit(prompt, LONG)
         loop.stop()
+
+    asyncio.run(main())
+
+
+def test_a_failed_step_ends_its_requests_and_the_loop_serves_on():
+    """A fault in the forward ends the request that step carried with a StepFailed (a short
+    message and an id), frees its chunks, and the loop keeps serving: a parked conversation
+    is still reused by its follow-up."""
+    engines: list[Engine] = []
+    fault = threading.Event()
+
+    def load() -> Engine:
+        engine = load_engine()
+        forward = engine.runner.model.forward
+
+        def faulty(*args, **kwargs):
+            if fault.is_set():
+                fault.clear()
+                raise RuntimeError("injected fault")
+            return forward(*args, **kwargs)
+
+        engine.runner.model.forward = faulty
+        engines.append(engine)
+        return engine
+
+    async def main():
+        loop = EngineLoop(load, "m", ServerMetrics(), max_waiting=8)
+        prompt = await started(loop)
+        first = loop.submit(prompt, SamplingParams(temperature=0, max_tokens=4))
+        done = await final_event(first)
+        assert done.finish_reason == "length"
+        held_by_first = loop.snapshot.pool.num_chunks_held
+
+        running = loop.submit(prompt[:3] + [13, 14], LONG)
+        assert isinstance(await running.next(timeout=60), Admitted)
+        fault.set()
+        event = await final_event(running)
+        assert event.finish_reason == "error" and isinstance(event.error, StepFailed)
+        assert "injected" not in str(event.error) and event.error.error_id.startswith("err-")
+        assert loop.state == "ready"
+        for _ in range(200):  # the snapshot follows the step that posted the event
+            if loop.snapshot.pool.num_chunks_held == held_by_first:
+                break
+            await asyncio.sleep(0.01)
+        assert loop.snapshot.pool.num_chunks_held == held_by_first  # only the parked turn
+
+        follow = loop.submit(prompt + [13], SamplingParams(temperature=0, max_tokens=2))
+        admitted = await follow.next(timeout=60)
+        assert isinstance(admitted, Admitted) and admitted.num_cached_tokens == len(prompt)
+        assert (await final_event(follow)).finish_reason == "length"
+        assert engines[0].scheduler.counters.num_failed_steps == 1
+        await asyncio.to_thread(loop.stop)
 
     asyncio.run(main())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from strata.engine.plan import LaneWork
+from strata.step import LaneWork
 from strata.models.attention import attend
 from strata.runner.inputs import build_inputs
 from strata.runner.reads import ChunkCells

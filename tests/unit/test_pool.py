@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from strata.errors import ChunkNotHeld, PoolError, PoolExhausted
 from strata.kv.pool import KVPool
+
+
+def state(pool: KVPool) -> tuple:
+    """The whole pool, read independently of its counters."""
+    return tuple(pool.refcount(i) for i in range(pool.num_total)), pool.free_ids(), pool.num_held
 
 
 def test_new_pool_is_all_free():
@@ -43,11 +49,16 @@ def test_allocate_sets_refcount_one_and_counts():
     pool.check()
 
 
-def test_allocate_past_free_asserts():
+def test_allocate_past_free_raises_before_taking_any():
     pool = KVPool(2, 4)
     pool.allocate(1)
-    with pytest.raises(AssertionError):
+    before = state(pool)
+    with pytest.raises(PoolExhausted, match="asked for 2 chunks with 1 free"):
         pool.allocate(2)
+    with pytest.raises(PoolExhausted):
+        pool.allocate(-1)
+    assert state(pool) == before
+    pool.check()
 
 
 def test_share_and_release_refcounts():
@@ -91,27 +102,60 @@ def test_num_freed_by_release_counts_duplicates_and_shared_chunks():
     pool.check()
 
 
-def test_release_of_a_free_chunk_asserts():
+def test_release_of_a_free_chunk_raises_before_changing_anything():
     pool = KVPool(3, 4)
-    pool.allocate(1)
-    with pytest.raises(AssertionError, match="release of free chunk 2"):
-        pool.release([2])
+    pool.allocate(2)
+    before = state(pool)
+    with pytest.raises(ChunkNotHeld, match="release of chunk 2"):
+        pool.release([0, 2])  # 0 is held, 2 is not: neither is released
+    assert state(pool) == before
     assert pool.release([0]) == 1
-    with pytest.raises(AssertionError, match="release of free chunk 0"):
-        pool.release([0])
+    with pytest.raises(ChunkNotHeld, match="release of chunk 0"):
+        pool.release([0])  # a double release
+    assert pool.refcount(0) == 0 and pool.free_ids() == [0, 2]
+    pool.check()
 
 
-def test_release_more_holders_than_there_are_asserts():
+def test_release_more_holders_than_there_are_raises():
     pool = KVPool(3, 4)
     pool.allocate(1)
-    with pytest.raises(AssertionError):
+    before = state(pool)
+    with pytest.raises(ChunkNotHeld, match="2 time"):
         pool.release([0, 0])
+    assert state(pool) == before
 
 
-def test_share_of_a_free_chunk_asserts():
+def test_share_of_a_free_or_unknown_chunk_raises_before_changing_anything():
     pool = KVPool(3, 4)
-    with pytest.raises(AssertionError, match="share of free chunk 1"):
-        pool.share([1])
+    pool.allocate(1)
+    before = state(pool)
+    with pytest.raises(ChunkNotHeld, match="share of chunk 1"):
+        pool.share([0, 1])
+    with pytest.raises(PoolError, match="ids are 0..2"):
+        pool.share([7])
+    with pytest.raises(PoolError):
+        pool.release([-1])
+    assert state(pool) == before
+
+
+def test_contracts_hold_under_python_O(tmp_path):
+    """The checks are exceptions, not asserts: `python -O` keeps them."""
+    import subprocess
+    import sys
+
+    code = (
+        "from strata.kv.pool import KVPool\n"
+        "from strata.errors import PoolError\n"
+        "p = KVPool(2, 1); p.allocate(1)\n"
+        "for f in (lambda: p.allocate(2), lambda: p.release([1]), lambda: p.release([0, 0])):\n"
+        "    try:\n        f()\n        raise SystemExit('no error')\n"
+        "    except PoolError:\n        pass\n"
+        "p.check()\n"
+        "print('ok', p.num_free, p.refcount(0))\n"
+    )
+    run = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["ok", "1", "1"]
 
 
 def test_check_catches_corruption():
@@ -122,19 +166,31 @@ def test_check_catches_corruption():
     bad = KVPool(4, 4)
     bad.allocate(2)
     bad._refcounts[3] = 1  # held behind the pool's back: still on the free list
-    with pytest.raises(AssertionError):
+    with pytest.raises(PoolError, match="free list"):
         bad.check()
 
     bad = KVPool(4, 4)
     bad.allocate(2)
     bad.num_held = 1  # counted wrong
-    with pytest.raises(AssertionError):
+    with pytest.raises(PoolError, match="num_held"):
         bad.check()
 
     bad = KVPool(4, 4)
     bad.allocate(2)
     bad._refcounts[0] = 0  # freed without going back on the free list
-    with pytest.raises(AssertionError):
+    with pytest.raises(PoolError, match="free list"):
+        bad.check()
+
+    bad = KVPool(4, 4)
+    bad.allocate(2)
+    bad._free.append(3)  # on the free list twice: free + held would still add up to 5
+    with pytest.raises(PoolError, match="twice"):
+        bad.check()
+
+    bad = KVPool(4, 4)
+    bad.allocate(2)
+    bad._free.pop()  # a free id lost: the counters alone cannot see it
+    with pytest.raises(PoolError, match="free list"):
         bad.check()
 
 

@@ -1,19 +1,19 @@
 """The scheduler without a model: exact lanes, chunk ids, copies and eviction order.
 
 The scheduler deals in token ids, lanes and chunk ids only (no torch), so every test
-here drives it by hand: `schedule()`, then `on_sampled` for each lane that samples,
-then `finish` for the requests that are done; `check()` after every step.
+here drives it by hand: `schedule()`, then `commit` with a token for each lane that
+samples, then `finish` for the requests that are done; `check()` after every step.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from strata.engine.plan import Admission, LaneWork, Refusal
 from strata.engine.scheduler import Scheduler
 from strata.kv.layout import PooledLayout
 from strata.kv.reserve import ReservedLayout
 from strata.kv.table import CellCopy
+from strata.step import Admission, LaneWork, Refusal, Sampled, StepOutput
 
 
 class Driver:
@@ -28,12 +28,13 @@ class Driver:
     def step(self, finish=()):
         plan = self.s.schedule()
         self.s.check()
+        sampled = []
         for w in plan.work:
             if w.do_sample:
-                token = self.next_token
+                sampled.append(Sampled(w.request_id, self.next_token, None))
+                self.out.setdefault(w.request_id, []).append(self.next_token)
                 self.next_token += 1
-                self.out.setdefault(w.request_id, []).append(token)
-                self.can_continue[w.request_id] = self.s.on_sampled(w.request_id, token)
+        self.can_continue.update(self.s.commit(plan, StepOutput(tuple(sampled))))
         for request_id in finish:
             self.s.finish(request_id)
         self.s.check()
@@ -183,7 +184,7 @@ def test_branch_pooled_shares_full_chunks_and_copies_the_partial_one():
 
     s.add("br", first[:6] + [90, 91])
     p = d.step()
-    assert p.admitted == (Admission("br", 1, 6),)  # an empty lane: the original stays in lane 0
+    assert p.admitted == (Admission("br", 1, 6, True),)  # an empty lane: the original stays in lane 0
     assert p.copies == (CellCopy(src_chunk=1, dst_chunk=3, start=0, num_cells=2),)
     # 8 cells fill [0, 3]; chunk 4 is the room for the token it decodes first
     assert p.work == (LaneWork(1, "br", (90, 91), 6, (0, 3, 4), True),)
@@ -227,7 +228,7 @@ def test_branch_pooled_without_an_empty_lane_parks_the_original():
 
     s.add("br", first[:6] + [90, 91])
     p = d.step(finish=["br"])
-    assert p.admitted == (Admission("br", 0, 6),)
+    assert p.admitted == (Admission("br", 0, 6, True),)
     assert p.copies == (CellCopy(1, 3, 0, 2),)
     assert p.work == (LaneWork(0, "br", (90, 91), 6, (0, 3, 4), True),)
     assert orig.lane is None and orig.token_ids == first and orig.table.chunk_ids == [0, 1, 2]
@@ -252,7 +253,7 @@ def test_branch_reserved_copies_into_an_empty_lane():
     orig = _first_turn(s, d, first)
     s.add("br", first[:6] + [90, 91])
     p = d.step()
-    assert p.admitted == (Admission("br", 1, 6),)
+    assert p.admitted == (Admission("br", 1, 6, True),)
     assert p.copies == (CellCopy(0, 4, 0, 4), CellCopy(1, 5, 0, 2))
     assert p.work == (LaneWork(1, "br", (90, 91), 6, (4, 5, 6, 7), True),)
     assert s.counters.num_cells_copied == 6
@@ -282,7 +283,7 @@ def test_branch_from_a_running_conversation_forks_it():
     d.step()  # a is decoding, 10 cells in [0, 1, 2]
     s.add("br", first + [90])  # shares all of a's cells, but a is busy: fork
     p = d.step()
-    assert p.admitted == (Admission("br", 1, 10),)
+    assert p.admitted == (Admission("br", 1, 10, True),)
     assert p.copies == (CellCopy(2, 3, 0, 2),)
     assert p.work == (
         LaneWork(0, "a", (1000,), 10, (0, 1, 2), True),
@@ -721,7 +722,7 @@ def test_end_more_lanes_only_when_one_was_not_enough():
     d.step()  # 6 cells each, [0, 1] and [2, 3]
     s.add("c", a + [99])
     p = d.step()
-    assert p.admitted == (Admission("c", 2, 6),)
+    assert p.admitted == (Admission("c", 2, 6, True),)
     assert p.copies == (CellCopy(1, 4, 0, 2),)
     assert lane_chunks(s) == [[0, 1], [2, 3], [0, 4]]
     assert s.layout.pool.num_free == 0
@@ -769,7 +770,7 @@ def test_new_request_does_not_take_the_room_a_decoding_lane_needs_now():
 
 
 @pytest.mark.parametrize("kind", ["pooled", "reserved"])
-def test_on_sampled_false_at_max_context(kind):
+def test_commit_says_when_max_context_is_reached(kind):
     layout = pooled(2) if kind == "pooled" else ReservedLayout(1, 8, 4)
     s = Scheduler(layout, num_lanes=1, max_context=8, prefill_chunk=64)
     d = Driver(s)

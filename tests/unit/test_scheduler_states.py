@@ -22,6 +22,7 @@ from strata.engine.cache import common_prefix_len
 from strata.engine.scheduler import Scheduler
 from strata.kv.layout import PooledLayout
 from strata.kv.reserve import ReservedLayout
+from strata.step import Sampled, StepOutput, StepPlan
 
 VOCAB = (1, 2, 3)  # tiny, so prompts share prefixes by chance
 tokens_st = st.lists(st.sampled_from(VOCAB), min_size=1, max_size=8)
@@ -31,7 +32,7 @@ tokens_st = st.lists(st.sampled_from(VOCAB), min_size=1, max_size=8)
 class Req:
     prompt: list[int]
     stream: list[int] = field(default_factory=list)  # prompt + sampled tokens
-    state: str = "waiting"  # waiting | running | finished | refused | truncated | aborted
+    state: str = "waiting"  # waiting | running | finished | refused | truncated | aborted | failed
     progress: int = 0  # tokens of `stream` whose K/V is in the conversation
     order: int = 0  # admission order
     pending: bool = False  # a sampled token waits to be fed
@@ -183,15 +184,47 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule(
         seed=st.integers(0, 2**32 - 1),
         finish_rate=st.sampled_from([0.0, 0.05, 0.3, 0.8]),
+        fail_rate=st.sampled_from([0.0, 0.0, 0.2, 1.0]),
         num_steps=st.integers(1, 6),
     )
-    def steps(self, seed, finish_rate, num_steps):
+    def steps(self, seed, finish_rate, fail_rate, num_steps):
         rng = random.Random(seed)
         for _ in range(num_steps):
-            self.one_step(rng, finish_rate)
+            self.one_step(rng, finish_rate, fail_rate)
             self.check_all()
 
-    def one_step(self, rng: random.Random, finish_rate: float) -> None:
+    def fail_step(self, plan: StepPlan, rng: random.Random) -> None:
+        """The runner raised: its copies and the forward may have written part of their cells."""
+        s = self.s
+        garbage = ("garbage",)
+        for c in plan.copies:
+            for i in range(c.start, c.start + rng.randint(0, c.num_cells)):
+                self.kv[(c.dst_chunk, i)] = garbage
+        for w in plan.work:
+            for p in range(w.start, w.start + rng.randint(0, len(w.token_ids))):
+                self.kv[(w.chunk_ids[p // self.CHUNK], p % self.CHUNK)] = garbage
+        carried = set(plan.request_ids)
+        assert carried <= set(s.seqs)
+        idle = {c.conv_id: (c.lane, tuple(c.table.chunk_ids), tuple(c.token_ids)) for c in s.cache if not c.is_active}
+        others = {r: seq.conv.num_cells for r, seq in s.seqs.items() if r not in carried}
+        waiting = list(s.waiting)
+        failed_before = s.counters.num_failed_steps
+        ended = s.fail(plan)
+        assert set(ended) == carried and len(ended) == len(carried)
+        assert s.counters.num_failed_steps == failed_before + 1
+        for request_id in ended:
+            self.reqs[request_id].state = "failed"
+            assert request_id not in s.seqs
+        # nothing the step did not carry changed: idle conversations, other lanes, the queue
+        for conv_id, before in idle.items():
+            conv = s.cache.get(conv_id)
+            assert conv is not None and (conv.lane, tuple(conv.table.chunk_ids), tuple(conv.token_ids)) == before
+        assert {r: s.seqs[r].conv.num_cells for r in others} == others
+        assert list(s.waiting) == waiting
+        if ended:
+            event("failed step")
+
+    def one_step(self, rng: random.Random, finish_rate: float, fail_rate: float = 0.0) -> None:
         s = self.s
         waiting_before = [r for r, _ in s.waiting]
         counters_before = (s.counters.num_evictions, s.counters.num_refusals, s.counters.num_truncations)
@@ -238,6 +271,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert s.counters.num_refusals == counters_before[1] + len(plan.refused)
         assert s.counters.num_truncations == counters_before[2] + len(plan.truncated)
 
+        if plan.request_ids and rng.random() < fail_rate:
+            self.fail_step(plan, rng)
+            return
         self.apply_copies(plan.copies)
         for name, n in (("refusal", len(plan.refused)), ("truncation", len(plan.truncated)),
                         ("eviction", s.counters.num_evictions - counters_before[0]),
@@ -274,25 +310,29 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert w.chunk_ids == tuple(s.seqs[request_id].conv.table.chunk_ids)
             for p in range(w.start, w.num_cells):
                 self.kv[(w.chunk_ids[p // self.CHUNK], p % self.CHUNK)] = tuple(q.stream[: p + 1])
-            q.progress = w.num_cells
-            q.pending = False
         assert not work, f"work for requests that are not running: {sorted(work)}"
         for w in plan.work:  # what the forward reads: the request's whole history, cell by cell
             stream = self.reqs[w.request_id].stream
             for p in range(w.num_cells):
                 assert self.kv.get((w.chunk_ids[p // self.CHUNK], p % self.CHUNK)) == tuple(stream[: p + 1])
-
-        # sample, and finish some
+        # nothing is recorded before the commit
         for w in plan.work:
-            if not w.do_sample:
-                continue
+            assert s.seqs[w.request_id].conv.num_cells == w.start
+
+        # sample, commit, and finish some
+        sampled = tuple(Sampled(w.request_id, rng.choice(VOCAB), None) for w in plan.work if w.do_sample)
+        can_continue = s.commit(plan, StepOutput(sampled))
+        assert set(can_continue) == {x.request_id for x in sampled}
+        for w in plan.work:
             q = self.reqs[w.request_id]
-            token = rng.choice(VOCAB)
-            q.stream.append(token)
-            can_continue = s.on_sampled(w.request_id, token)
-            assert can_continue == (w.num_cells + 1 <= self.MAX_CONTEXT)
+            q.progress = w.num_cells
+            q.pending = False
+        for w, x in zip([w for w in plan.work if w.do_sample], sampled):
+            q = self.reqs[w.request_id]
+            q.stream.append(x.token_id)
+            assert can_continue[w.request_id] == (w.num_cells + 1 <= self.MAX_CONTEXT)
             q.pending = True
-            if not can_continue or rng.random() < finish_rate:
+            if not can_continue[w.request_id] or rng.random() < finish_rate:
                 s.finish(w.request_id)
                 q.state = "finished"
                 self.histories.append(list(q.stream))

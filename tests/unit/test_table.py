@@ -257,3 +257,20 @@ def test_pooled_layout_num_freed_by_release_over_tables():
     assert layout.num_freed_by_release([t, f]) == 4
     layout.release(t)
     assert layout.num_freed_by_release([f]) == 3
+
+
+def test_a_fork_or_truncate_the_pool_cannot_hold_changes_nothing():
+    from strata.errors import PoolExhausted
+
+    pool = KVPool(3, 4)
+    t = filled(pool, 10)  # chunks [0, 1, 2], the pool is full
+    before = (refcounts(pool), list(t.chunk_ids), t.num_cells)
+    with pytest.raises(PoolExhausted):
+        tbl.fork(t, pool, 6)  # would share chunk 0 and needs a chunk for the partial one
+    assert (refcounts(pool), list(t.chunk_ids), t.num_cells) == before
+
+    f, _ = tbl.fork(t, pool, 8)  # full chunks only: shares 0 and 1
+    before = (refcounts(pool), list(f.chunk_ids), f.num_cells)
+    with pytest.raises(PoolExhausted):
+        tbl.truncate(f, pool, 6)  # copy-on-write of chunk 1 with nothing free
+    assert (refcounts(pool), list(f.chunk_ids), f.num_cells) == before

@@ -1,0 +1,84 @@
+"""The records one step passes between the engine and the runner.
+
+Both sides import this module (neither imports the other's package for them): the
+scheduler plans a `StepPlan`, the runner executes it and returns a `StepOutput`, and
+the scheduler commits that output. No torch here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from strata.kv.table import CellCopy
+
+if TYPE_CHECKING:  # the sampler imports torch; these records do not need it
+    from strata.sampler import TokenLogprobs
+
+
+@dataclass(frozen=True)
+class LaneWork:
+    """Tokens one lane feeds this step, and where their K/V goes."""
+
+    lane: int
+    request_id: str
+    token_ids: tuple[int, ...]
+    start: int  # position of token_ids[0] == cells the conversation holds (committed)
+    chunk_ids: tuple[int, ...]  # the table, covering start + len(token_ids) cells
+    do_sample: bool  # the last token's logits give the lane's next token
+
+    @property
+    def num_cells(self) -> int:
+        return self.start + len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class Admission:
+    request_id: str
+    lane: int
+    num_cached: int  # prompt tokens whose K/V were reused
+    has_copies: bool = False  # the step copies cells into its table (a fork, a reserved move)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """The pool could not hold a new request even after parked conversations gave way."""
+
+    request_id: str
+    num_chunks_needed: int
+    num_chunks_free: int
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What the scheduler decided for one step. Admissions, refusals and truncations are
+    decided already (chunks are held); the work's progress is recorded only at commit."""
+
+    copies: tuple[CellCopy, ...] = ()  # run before the forward (forks, reserved-layout moves)
+    work: tuple[LaneWork, ...] = ()
+    admitted: tuple[Admission, ...] = ()
+    refused: tuple[Refusal, ...] = ()
+    truncated: tuple[str, ...] = ()  # request ids ended because the pool could not grow them
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.work and not self.copies
+
+    @property
+    def request_ids(self) -> tuple[str, ...]:
+        """The requests this step carries: its work and its admissions, each once."""
+        return tuple(dict.fromkeys([*(w.request_id for w in self.work), *(a.request_id for a in self.admitted)]))
+
+
+@dataclass(frozen=True)
+class Sampled:
+    request_id: str
+    token_id: int
+    logprobs: TokenLogprobs | None
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """What the runner computed: one sampled token per lane whose work samples."""
+
+    sampled: tuple[Sampled, ...] = ()
