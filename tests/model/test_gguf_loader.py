@@ -28,8 +28,9 @@ from strata.loader import open_model
 from strata.loader.gguf_file import SUPPORTED_TYPES
 from strata.models.q4 import q4_from_blocks
 from strata.sampling import SamplingParams
+from tests.conftest import require
 
-transformers = pytest.importorskip("transformers")
+transformers = require("transformers")
 
 PROMPT = "The quick brown fox jumps over the lazy dog. Ünïcödé, 日本語, emoji 🙂 and numbers 12345."
 NUM_GREEDY = 16

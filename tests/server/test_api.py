@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
-from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -131,21 +131,54 @@ def test_greedy_over_http_equals_offline(main_server, offline):
 
 
 def test_two_conversations_at_once(main_server):
-    client = main_server.openai()
-    prompts = ["Tell me about cats.", "Tell me about the moon."]
+    """Two streams decode in the same steps: the second starts while the first is decoding,
+    the engine shows both lanes busy, and the first keeps sending while the second does.
 
-    def ask(prompt: str):
-        return client.chat.completions.create(
-            model="smol",
-            messages=[{"role": "user", "content": prompt}],
-            max_tokens=12,
-            temperature=0,
-        )
+    Both streams are read by one asyncio loop, so `arrivals` is one order of their tokens; the
+    margins (the first has 64 tokens, the second 12) are counted in engine steps, not seconds,
+    so a slow or busy machine cannot make them flake."""
+    first_len, second_len = 64, 12
 
-    with ThreadPoolExecutor(2) as pool:
-        answers = list(pool.map(ask, prompts))
-    for a in answers:
-        assert a.choices[0].message.content and a.usage.completion_tokens > 0
+    def body(prompt: str, max_tokens: int) -> dict:
+        return {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+                "stream": True}
+
+    async def main() -> tuple[list[str], list[dict]]:
+        arrivals: list[str] = []  # "first" / "second", one per token with text, in arrival order
+        slots_seen: list[dict] = []
+        first_decoding = asyncio.Event()
+        async with httpx.AsyncClient(base_url=main_server.base_url, headers=main_server.headers,
+                                     timeout=120.0) as c:
+
+            async def stream(name: str, prompt: str, max_tokens: int) -> None:
+                async with c.stream("POST", "/v1/completions", json=body(prompt, max_tokens)) as r:
+                    assert r.status_code == 200
+                    async for line in r.aiter_lines():
+                        if not line.startswith("data: ") or line == "data: [DONE]":
+                            continue
+                        if json.loads(line[len("data: "):])["choices"][0]["text"]:
+                            arrivals.append(name)
+                            if name == "first":
+                                first_decoding.set()
+                            elif arrivals.count("second") == 1:  # the engine's view, now
+                                slots_seen.extend((await c.get("/slots")).json())
+
+            first = asyncio.create_task(stream("first", "Tell me about cats.", first_len))
+            await asyncio.wait_for(first_decoding.wait(), 120)
+            await asyncio.gather(first, stream("second", "Tell me about the moon.", second_len))
+        return arrivals, slots_seen
+
+    arrivals, slots = asyncio.run(main())
+    assert 0 < arrivals.count("first") <= first_len and 0 < arrivals.count("second") <= second_len
+    def last(name: str) -> int:
+        return len(arrivals) - 1 - arrivals[::-1].index(name)
+
+    begin, end = arrivals.index("second"), last("second")
+    assert begin < last("first"), f"the first finished before the second began: {arrivals}"
+    # Decoding together: the first sent about one token per token of the second meanwhile.
+    assert arrivals[begin:end].count("first") >= arrivals.count("second") // 2, arrivals
+    busy = [s for s in slots if s["request_id"] is not None and s["state"] in ("prefilling", "decoding")]
+    assert len(busy) >= 2, slots
 
 
 def test_appended_turn_reports_cached_tokens(main_server):

