@@ -21,7 +21,7 @@ import torch
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from strata.engine.plan import LaneWork
+from strata.step import LaneWork
 from strata.kv.storage import KVStorage
 from strata.models.attention import AttentionMeta, attend
 from strata.runner.inputs import build_inputs
