@@ -103,19 +103,30 @@ class EngineLoop:
         if self.state == "loading":
             raise NotReady("the model is loading; retry shortly")
         if self.state == "failed":
+            # A StrataError says what to fix (a missing file, a bad flag); any other
+            # exception's text stays in the log, which already has it.
+            why = self.load_error if isinstance(self.load_error, StrataError) else None
             raise NotReady(
-                f"the model failed to load: {self.load_error}",
+                f"the model failed to load: {why or 'see the server log'}",
                 code="model_load_failed",
                 retry_after=60,
             )
         raise NotReady("the server is shutting down", code="shutting_down")
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams) -> RequestHandle:
-        """Queue a request; QueueFullError when every lane is busy and max_waiting wait already."""
-        self.check_ready()
+    def check_capacity(self) -> None:
+        """QueueFullError when every lane is busy and max_waiting requests wait already.
+
+        Cheap (two integers): handlers call it before tokenizing, so a full server refuses
+        a request without rendering its template; `submit` checks again.
+        """
         if self._num_active >= self.num_lanes + self._max_waiting:
             retry = self.snapshot.retry_after if self.snapshot is not None else 1
             raise QueueFullError(self._num_active - self.num_lanes, retry)
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams) -> RequestHandle:
+        """Queue a request; QueueFullError when every lane is busy and max_waiting wait already."""
+        self.check_ready()
+        self.check_capacity()
         request_id = f"{self._prefix}-{next(self._ids)}"
         handle = RequestHandle(request_id, self)
         self._handles[request_id] = handle
@@ -214,9 +225,10 @@ class EngineLoop:
             return [(request_id, Failed(exc))]
         except Exception as exc:
             log.exception("add_request failed")
-            return [
-                (request_id, Failed(ServerError(f"the engine could not take the request: {exc}")))
-            ]
+            # The client gets an incident id; the log gets the cause under it.
+            error = ServerError("the engine could not take the request")
+            error.__cause__ = exc
+            return [(request_id, Failed(error))]
         self._pending.add(request_id)
         self._arrival[request_id] = command.arrival
         return []
