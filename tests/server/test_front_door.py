@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import re
 import socket
 import time
@@ -117,7 +118,12 @@ def eventually(check, timeout: float = 30.0):
 def test_cross_site_origin_is_refused_before_the_engine(front, monkeypatch):
     loop = state_of(front).loop
     submitted = []
-    monkeypatch.setattr(loop, "submit", lambda *a: submitted.append(a) or pytest.fail("submit"))
+
+    def submit(*args):
+        submitted.append(args)
+        raise RuntimeError("a refused request reached the engine loop")
+
+    monkeypatch.setattr(loop, "submit", submit)
     with front.client() as c:
         for origin in ("https://evil.example", "null", f"http://localhost:{port_of(front) + 1}"):
             r = c.post("/v1/chat/completions", json=CHAT, headers={"Origin": origin})
@@ -226,8 +232,6 @@ def test_api_key_from_the_environment_the_flag_wins(monkeypatch):
         server_settings(parse(["serve"]), {"STRATA_API_KEY": " "})
     # cmd_serve reads the real environment.
     monkeypatch.setenv("STRATA_API_KEY", "from-env")
-    import os
-
     assert server_settings(parse(["serve"]), os.environ).api_key == "from-env"
     args = parse(["serve", "--allow-origin", "https://a.example,http://b.example:81/",
                   "--allow-origin", "*", "--allow-host", "x.test", "--max-connections", "7"])
