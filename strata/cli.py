@@ -8,51 +8,15 @@ import logging
 import sys
 import time
 
-from strata.config import (
-    DEFAULT_KV_CHUNK,
-    DEFAULT_MEMORY_GUARD_MIB,
-    DEFAULT_PREFILL_CHUNK,
-    DTYPES,
-    KV_DTYPES,
-    WEIGHT_FORMATS,
-    EngineConfig,
-    parse_devices,
-)
+from strata.engine_args import add_engine_args, engine_config
 from strata.errors import ConfigError, RequestError, StrataError
+from strata.server.cli import add_serve_parser
 
 MIB = 1 << 20
 SAMPLING_FLAGS = {
     "max_tokens": "--max-new", "temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p",
     "min_p": "--min-p", "seed": "--seed", "stop": "--stop",
 }
-
-
-def add_engine_args(
-    p: argparse.ArgumentParser, default_batch: int = 0, default_prefill_chunk: int = DEFAULT_PREFILL_CHUNK
-) -> None:
-    g = p.add_argument_group("engine")
-    g.add_argument("--model", "-m", default=None, help="a .gguf file or a Hugging Face directory (default: the embedded SmolLM2-135M-Instruct)")
-    g.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="compute dtype of the weights")
-    g.add_argument("--weights", choices=WEIGHT_FORMATS, default="auto", help="keep GGUF 4-bit blocks (native) or dequantise (dense)")
-    g.add_argument("--kv", choices=KV_DTYPES, default=None, help="K/V dtype (default: bf16, or f32 with --dtype float32)")
-    g.add_argument("--max-context", type=int, default=None, help="cells per conversation (default: the model's trained length)")
-    g.add_argument("--batch", "--slots", dest="batch", type=int, default=default_batch, help="batch slots besides the main session")
-    g.add_argument("--kv-chunk", type=int, default=DEFAULT_KV_CHUNK, help="cells per chunk")
-    g.add_argument("--kv-pool-tokens", type=int, default=None, help="one shared pool of N cells per layer for all lanes")
-    g.add_argument("--prefill-chunk", type=int, default=default_prefill_chunk, help="prompt tokens read per step")
-    g.add_argument("--devices", type=parse_devices, default=("cpu",), help="comma-separated devices for a layer split, e.g. cpu,cpu")
-    g.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
-    g.add_argument("--memory-guard-mib", type=int, default=DEFAULT_MEMORY_GUARD_MIB, help="refuse to start if less would stay available")
-    g.add_argument("--verbose", "-v", action="store_true", help="log engine decisions")
-
-
-def engine_config(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(
-        model=args.model, dtype=args.dtype, weights=args.weights, kv=args.kv, max_context=args.max_context,
-        batch=args.batch, kv_chunk=args.kv_chunk, kv_pool_tokens=args.kv_pool_tokens,
-        prefill_chunk=args.prefill_chunk, devices=args.devices, threads=args.threads,
-        memory_guard_mib=args.memory_guard_mib,
-    )
 
 
 def _messages(args: argparse.Namespace) -> list[dict] | None:
@@ -151,9 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="print one JSON result instead of streaming text")
     add_engine_args(g)
     g.set_defaults(func=cmd_generate)
-    from strata.server.cli import add_serve_parser
-
-    add_serve_parser(sub, add_engine_args)
+    add_serve_parser(sub)
     return p
 
 

@@ -22,7 +22,9 @@ Text passes two gates before it is emitted:
    string that completes first wins (the occurrence that ends first in the text; on a
    tie the longer one), as if the text arrived one character at a time, so the result
    does not depend on how the text was split into tokens. Matching is on decoded text, so with `skip_special_tokens`
-   a skipped special token is invisible to stop strings.
+   a skipped special token is invisible to stop strings. Each character is matched once,
+   as it arrives (`StopMatcher`, KMP automata): the work per token does not grow with
+   the stop strings' length or with the text held back.
 
 Guarantees: a delta never ends inside a UTF-8 character; no delta holds text at or
 after a stop string's start; concatenated deltas (plus `finish()` when no stop
@@ -33,6 +35,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Protocol
+
+from strata.stop_match import StopMatcher
 
 REPLACEMENT_CHAR = "\ufffd"
 
@@ -69,6 +73,10 @@ class IncrementalDetokenizer:
         self._prefix_text = ""  # decode(ids[prefix_offset:read_offset]), cached
         self._taken = 0  # chars of the text beyond read_offset already moved to _held
         self._held = ""  # stable text not yet emitted (a possible stop string start)
+        # Invariant: _held[:_fed] has been fed to _matcher, and len(_held) >= _matcher.pending
+        # after every release (the held text covers any stop string that may be starting).
+        self._matcher = StopMatcher(self._stop)
+        self._fed = 0
         self._emitted: list[str] = []
         self._stopped = False
         self._finished = False
@@ -137,29 +145,21 @@ class IncrementalDetokenizer:
         """Emit the held text up to the first stop string or the possible start of one."""
         held = self._held
         # The first stop string to complete: the occurrence that ends first; on a tie,
-        # the longer one (it starts first). A stop's first occurrence ends first.
-        matches = [(i + len(s), i) for s in self._stop if (i := held.find(s)) >= 0]
-        if matches:
-            cut = min(matches)[1]
+        # the longer one (it starts first).
+        hit = self._matcher.feed(held[self._fed :])
+        if hit is not None:
+            end, length = hit
+            cut = self._fed + end - length
             self._stopped = True
             self._held = ""
         elif final:
             cut = len(held)
             self._held = ""
         else:
-            cut = len(held) - self._stop_prefix_length(held)
+            cut = len(held) - self._matcher.pending
             self._held = held[cut:]
+        self._fed = len(self._held)
         out = held[:cut]
         if out:
             self._emitted.append(out)
         return out
-
-    def _stop_prefix_length(self, text: str) -> int:
-        """Length of the longest suffix of `text` that is a proper prefix of a stop string."""
-        best = 0
-        for stop in self._stop:
-            for length in range(min(len(stop) - 1, len(text)), best, -1):
-                if text.endswith(stop[:length]):
-                    best = length
-                    break
-        return best

@@ -20,6 +20,10 @@ from strata.errors import RequestError
 
 MAX_TEMPERATURE = 100.0
 MAX_STOP_STRINGS = 16
+# Characters per stop string. Stop strings are delimiters ("\n\n", "</answer>"); the cap
+# bounds the text the detokenizer holds back (at most the longest stop string) and its
+# per-token matching work.
+MAX_STOP_LENGTH = 256
 MAX_LOGPROBS = 20
 # Temperatures below this count as greedy: dividing logits by them overflows float32.
 GREEDY_TEMPERATURE = 1e-5
@@ -66,6 +70,11 @@ def _normalise_stop(value: Any) -> tuple[str, ...]:
             raise RequestError(f"stop strings must be strings, got {item!r}", param="stop")
         if not item:
             raise RequestError("stop strings must not be empty", param="stop")
+        if len(item) > MAX_STOP_LENGTH:
+            raise RequestError(
+                f"stop strings may be at most {MAX_STOP_LENGTH} characters, got {len(item)}",
+                param="stop",
+            )
     return tuple(items)
 
 

@@ -9,14 +9,25 @@ from contextlib import asynccontextmanager
 
 import anyio
 from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
 
 from strata import __version__
 from strata.engine.engine import Engine
 from strata.server import requests
+from strata.server.connections import LimitConnections
 from strata.server.engine_loop import EngineLoop
 from strata.server.errors import install_handlers
+from strata.server.hosts import HostPolicy
 from strata.server.metrics import ServerMetrics
-from strata.server.middleware import CountRequests, JsonBodies, LimitBody, RequireApiKey
+from strata.server.middleware import (
+    CheckHost,
+    CheckOrigin,
+    CountRequests,
+    JsonBodies,
+    LimitBody,
+    RequireApiKey,
+)
+from strata.server.origins import OriginPolicy
 from strata.server.routes import ServerState, router
 from strata.server.settings import ServerSettings
 
@@ -62,9 +73,26 @@ def create_app(
     app.state.strata = state
     install_handlers(app)
     app.include_router(router)
-    # add_middleware wraps: the last added runs first.
-    app.add_middleware(JsonBodies)
+    # add_middleware wraps: the last added runs first. So a request meets, in order: the
+    # counter (every answer is counted), the Host check, the Origin check, CORS (so every
+    # answer after it, refusals included, carries CORS headers for an allowed origin, and
+    # preflights are answered before auth), the connection limit, the API key, the
+    # Content-Type rule, the body limit; then FastAPI parses JSON and the route checks
+    # readiness and queue capacity before it tokenizes.
     app.add_middleware(LimitBody, limit=settings.max_body_bytes)
+    app.add_middleware(JsonBodies)
     app.add_middleware(RequireApiKey, api_key=settings.api_key)
+    app.add_middleware(LimitConnections, limit=settings.max_connections)
+    if settings.allow_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(settings.allow_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["*"],  # SDKs send their own headers; no cookies are honoured
+            expose_headers=["Retry-After"],
+            max_age=600,
+        )
+    app.add_middleware(CheckOrigin, policy=OriginPolicy(frozenset(settings.allow_origins)))
+    app.add_middleware(CheckHost, policy=HostPolicy.for_bind(settings.host, settings.allow_hosts))
     app.add_middleware(CountRequests, metrics=metrics)
     return app

@@ -9,17 +9,22 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
+import os
 import sys
-from collections.abc import Callable
+from collections.abc import Mapping
 
+from strata.engine_args import add_engine_args, engine_config
 from strata.server.settings import (
+    API_KEY_ENV,
     DEFAULT_HOST,
     DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_WAITING,
     DEFAULT_PORT,
     DEFAULT_SSE_KEEPALIVE_S,
     ServerSettings,
     model_id,
+    resolve_api_key,
 )
 
 log = logging.getLogger("strata.server")
@@ -27,11 +32,13 @@ SERVE_DEFAULT_BATCH = 3
 # Prompt tokens per step while serving: a step that also reads a prompt piece stays near
 # 200 ms with 8 lanes decoding on 2 cores (benchmarks/serve.py), so no stream stalls long.
 SERVE_DEFAULT_PREFILL_CHUNK = 96
+# uvicorn's own limit (open connections, idle keep-alive ones included, or tasks) is this
+# many times --max-connections: a backstop that answers a bare 503 only when clients hold
+# far more connections open than the server works on.
+UVICORN_LIMIT_FACTOR = 2
 
 
-def add_serve_parser(
-    subparsers: argparse._SubParsersAction, add_engine_args: Callable[..., None]
-) -> None:
+def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     s = subparsers.add_parser("serve", help="serve an OpenAI-compatible HTTP API")
     g = s.add_argument_group("server")
     g.add_argument(
@@ -45,7 +52,8 @@ def add_serve_parser(
     g.add_argument(
         "--api-key",
         default=None,
-        help="require 'Authorization: Bearer KEY' on every route but /health",
+        help="require 'Authorization: Bearer KEY' on every route but /health "
+        f"(default: ${API_KEY_ENV}, which keeps the key out of `ps`; this flag wins over it)",
     )
     g.add_argument(
         "--max-waiting",
@@ -70,6 +78,29 @@ def add_serve_parser(
         default=DEFAULT_SSE_KEEPALIVE_S,
         help="seconds between SSE keep-alive comments; a stream waiting this long for a lane starts",
     )
+    g.add_argument(
+        "--max-connections",
+        type=int,
+        default=DEFAULT_MAX_CONNECTIONS,
+        help="requests in flight at once, streams included (/health and /metrics aside); "
+        f"more is a 503 too_many_connections (default {DEFAULT_MAX_CONNECTIONS})",
+    )
+    g.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="a web origin (https://app.example:8443, or *) whose pages may call the API "
+        "(CORS); repeatable or comma-separated. Other sites' browser requests are a 403",
+    )
+    g.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a Host header name to accept besides the addresses bound (*.domain for "
+        "subdomains, * for any, e.g. behind a proxy); repeatable or comma-separated",
+    )
     add_engine_args(s, default_batch=SERVE_DEFAULT_BATCH, default_prefill_chunk=SERVE_DEFAULT_PREFILL_CHUNK)
     s.set_defaults(func=cmd_serve)
 
@@ -83,24 +114,36 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    # strata.cli imports this module, so its names are imported here, not at the top.
-    import uvicorn
+def _listed(values: list[str]) -> tuple[str, ...]:
+    """Repeated flags, each possibly a comma-separated list."""
+    return tuple(item.strip() for value in values for item in value.split(",") if item.strip())
 
-    from strata.cli import engine_config
-    from strata.engine.engine import Engine
-    from strata.server.app import create_app
 
-    config = engine_config(args)  # a bad engine flag fails here, before the port opens
-    settings = ServerSettings(
+def server_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> ServerSettings:
+    """The server's settings from the command line (and $STRATA_API_KEY); validated."""
+    return ServerSettings(
         host=args.host,
         port=args.port,
-        api_key=args.api_key,
+        api_key=resolve_api_key(args.api_key, environ),
         max_waiting=args.max_waiting,
         max_body_bytes=args.max_body_bytes,
         model_alias=args.model_alias,
         sse_keepalive_s=args.sse_keepalive,
+        max_connections=args.max_connections,
+        allow_origins=_listed(args.allow_origin),
+        allow_hosts=_listed(args.allow_host),
     )
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    # Imported here, not at the top: `strata generate` needs none of them (torch, uvicorn).
+    import uvicorn
+
+    from strata.engine.engine import Engine
+    from strata.server.app import create_app
+
+    config = engine_config(args)  # a bad engine flag fails here, before the port opens
+    settings = server_settings(args, os.environ)
     if not _is_loopback(settings.host) and settings.api_key is None:
         log.warning(
             "serving on %s without --api-key: anyone who can reach it can use it", settings.host
@@ -124,6 +167,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             port=settings.port,
             log_level="info" if args.verbose else "warning",
             timeout_graceful_shutdown=5,
+            limit_concurrency=settings.max_connections * UVICORN_LIMIT_FACTOR,
         )
     )
     print(

@@ -29,6 +29,7 @@ from strata.engine.request import RequestOutput
 from strata.errors import QueueFullError, StrataError
 from strata.sampling import SamplingParams
 from strata.server.errors import NotReady, ServerError
+from strata.server.incidents import incident_id
 from strata.server.handle import Admitted, Event, Failed, RequestHandle, is_final
 from strata.server.metrics import ServerMetrics
 from strata.server.params import ModelInfo
@@ -103,19 +104,30 @@ class EngineLoop:
         if self.state == "loading":
             raise NotReady("the model is loading; retry shortly")
         if self.state == "failed":
+            # A StrataError says what to fix (a missing file, a bad flag); any other
+            # exception's text stays in the log, which already has it.
+            why = self.load_error if isinstance(self.load_error, StrataError) else None
             raise NotReady(
-                f"the model failed to load: {self.load_error}",
+                f"the model failed to load: {why or 'see the server log'}",
                 code="model_load_failed",
                 retry_after=60,
             )
         raise NotReady("the server is shutting down", code="shutting_down")
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams) -> RequestHandle:
-        """Queue a request; QueueFullError when every lane is busy and max_waiting wait already."""
-        self.check_ready()
+    def check_capacity(self) -> None:
+        """QueueFullError when every lane is busy and max_waiting requests wait already.
+
+        Cheap (two integers): handlers call it before tokenizing, so a full server refuses
+        a request without rendering its template; `submit` checks again.
+        """
         if self._num_active >= self.num_lanes + self._max_waiting:
             retry = self.snapshot.retry_after if self.snapshot is not None else 1
             raise QueueFullError(self._num_active - self.num_lanes, retry)
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams) -> RequestHandle:
+        """Queue a request; QueueFullError when every lane is busy and max_waiting wait already."""
+        self.check_ready()
+        self.check_capacity()
         request_id = f"{self._prefix}-{next(self._ids)}"
         handle = RequestHandle(request_id, self)
         self._handles[request_id] = handle
@@ -171,10 +183,10 @@ class EngineLoop:
         try:
             self._serve(engine)
         except BaseException as exc:  # a bug: fail every request rather than leave it hanging
-            error_id = f"err-{uuid.uuid4().hex[:12]}"
-            log.exception("the engine loop stopped (%s)", error_id)
             self.load_error, self.state = exc, "failed"
-            error = ServerError(f"the engine loop stopped (error id {error_id})")
+            error = ServerError("the engine loop stopped")
+            error.__cause__ = exc
+            incident_id(error, "the engine loop, which stopped: every open request ends")
             self._post([(request_id, Failed(error)) for request_id in self._accepted(engine)], error)
 
     def _serve(self, engine: Engine) -> None:
@@ -215,9 +227,10 @@ class EngineLoop:
             return [(request_id, Failed(exc))]
         except Exception as exc:
             log.exception("add_request failed")
-            return [
-                (request_id, Failed(ServerError(f"the engine could not take the request: {exc}")))
-            ]
+            # The client gets an incident id; the log gets the cause under it.
+            error = ServerError("the engine could not take the request")
+            error.__cause__ = exc
+            return [(request_id, Failed(error))]
         self._pending.add(request_id)
         self._arrival[request_id] = command.arrival
         return []
@@ -225,10 +238,11 @@ class EngineLoop:
     def _step(self, engine: Engine) -> list[tuple[str, Event]]:
         try:
             outputs = engine.step()  # a fault in execute ends that step's requests in there
-        except Exception:  # a fault in planning or committing: the scheduler's state is unknown
-            error_id = f"err-{uuid.uuid4().hex[:12]}"
-            log.exception("engine step failed outside execute (%s): ending every open request", error_id)
-            return self._fail_all(engine, error_id)
+        except Exception as exc:  # a fault in planning or committing: the scheduler's state is unknown
+            error = ServerError("the engine failed; every open request was ended")
+            error.__cause__ = exc
+            incident_id(error, "an engine step, outside execute: every open request ends")
+            return self._fail_all(engine, error)
         batch: list[tuple[str, Event]] = []
         by_id = {out.request_id: out for out in outputs}
         for request_id in list(self._pending):
@@ -264,8 +278,7 @@ class EngineLoop:
             self._arrival.pop(request_id, None)
             self._last_token.pop(request_id, None)
 
-    def _fail_all(self, engine: Engine, error_id: str) -> list[tuple[str, Event]]:
-        error = ServerError(f"the engine failed (error id {error_id}); open requests were ended: retry")
+    def _fail_all(self, engine: Engine, error: ServerError) -> list[tuple[str, Event]]:
         batch: list[tuple[str, Event]] = []
         for request_id in self._accepted(engine):
             try:

@@ -5,17 +5,23 @@ the `type` and the `Retry-After` header always agree:
 
 | error | status | type |
 | --- | --- | --- |
-| RequestError (incl. context_length_exceeded) | 400 | invalid_request_error |
+| RequestError (incl. context_length_exceeded), HostNotAllowed | 400 | invalid_request_error |
 | AuthError | 401 | invalid_request_error (code invalid_api_key) |
+| OriginNotAllowed | 403 | invalid_request_error |
 | ModelNotFound, unknown path | 404 | invalid_request_error / not_found_error |
 | BodyTooLarge | 413 | invalid_request_error |
-| PoolFullError, QueueFullError, NotReady | 503 | unavailable_error (+ Retry-After) |
-| anything else | 500 | server_error |
+| UnsupportedMediaType | 415 | invalid_request_error |
+| PoolFullError, QueueFullError, NotReady, TooManyConnections | 503 | unavailable_error |
+
+(every 503 carries Retry-After)
+| anything else (ServerError included) | 500 | server_error |
+
+A 500 never shows the exception's text: the client gets a fixed message and an incident
+id (`err-<hex>`), and the log gets the details under the same id (`incidents.py`).
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -23,9 +29,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from strata.errors import PoolFullError, QueueFullError, RequestError, StrataError
-
-log = logging.getLogger("strata.server")
+from strata.errors import PoolFullError, QueueFullError, RequestError, StepFailed, StrataError
+from strata.server.incidents import incident_id
 
 
 class ModelNotFound(RequestError):
@@ -63,19 +68,71 @@ class NotReady(StrataError):
 
 
 class ServerError(StrataError):
+    """Something broke inside the server. Its message goes to the log, never to a client."""
+
     code = "internal_error"
+
+
+class HostNotAllowed(StrataError):
+    """The Host header names no address this server listens on (DNS rebinding guard)."""
+
+    code = "invalid_host"
+
+    def __init__(self, host: str):
+        shown = host if len(host) <= 80 else host[:77] + "..."
+        super().__init__(
+            f"the Host header {shown!r} is not an address this server answers to "
+            "(start it with --allow-host NAME to accept that name)"
+        )
+
+
+class OriginNotAllowed(StrataError):
+    """A browser request from another site that --allow-origin does not name."""
+
+    code = "origin_not_allowed"
+
+    def __init__(self, origin: str):
+        shown = origin if len(origin) <= 80 else origin[:77] + "..."
+        super().__init__(
+            f"requests from the web origin {shown!r} are not allowed "
+            "(start the server with --allow-origin ORIGIN to allow it)"
+        )
+
+
+class UnsupportedMediaType(StrataError):
+    code = "unsupported_media_type"
+
+    def __init__(self, message: str):
+        super().__init__(message)
+
+
+class TooManyConnections(StrataError):
+    """More requests in flight than --max-connections (503 + Retry-After)."""
+
+    code = "too_many_connections"
+
+    def __init__(self, limit: int, retry_after: int = 1):
+        super().__init__(
+            f"the server is handling its limit of {limit} requests (--max-connections); "
+            f"retry in {retry_after} s"
+        )
+        self.retry_after = retry_after
 
 
 def status_of(exc: BaseException) -> int:
     if isinstance(exc, ModelNotFound):
         return 404
-    if isinstance(exc, RequestError):
+    if isinstance(exc, (RequestError, HostNotAllowed)):
         return 400
     if isinstance(exc, AuthError):
         return 401
+    if isinstance(exc, OriginNotAllowed):
+        return 403
     if isinstance(exc, BodyTooLarge):
         return 413
-    if isinstance(exc, (PoolFullError, QueueFullError, NotReady)):
+    if isinstance(exc, UnsupportedMediaType):
+        return 415
+    if isinstance(exc, (PoolFullError, QueueFullError, NotReady, TooManyConnections)):
         return 503
     return 500
 
@@ -85,15 +142,28 @@ def retry_after_of(exc: BaseException) -> int | None:
 
 
 def error_body(exc: BaseException) -> dict[str, Any]:
-    """The `error` object for `exc` (also the payload of an SSE error event)."""
+    """The `error` object for `exc` (also the payload of an SSE error event).
+
+    Invariant: a 500's body holds no text of the exception, only its incident id.
+    """
     status = status_of(exc)
-    kind = {503: "unavailable_error", 500: "server_error"}.get(status, "invalid_request_error")
-    message = str(exc) if isinstance(exc, StrataError) else "internal server error"
+    if isinstance(exc, StepFailed):  # its message is the engine's own, naming the logged id
+        return {"message": str(exc), "type": "server_error", "param": None, "code": exc.code, "id": exc.error_id}
+    if status == 500:
+        error_id = incident_id(exc)
+        return {
+            "message": f"internal server error (incident {error_id}; the server log has details)",
+            "type": "server_error",
+            "param": None,
+            "code": "internal_error",
+            "id": error_id,
+        }
+    kind = "unavailable_error" if status == 503 else "invalid_request_error"
     body: dict[str, Any] = {
-        "message": message,
+        "message": str(exc),
         "type": kind,
         "param": getattr(exc, "param", None),
-        "code": getattr(exc, "code", None) if isinstance(exc, StrataError) else "internal_error",
+        "code": getattr(exc, "code", None),
     }
     retry_after = retry_after_of(exc)
     if retry_after is not None:
@@ -196,7 +266,13 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StrataError)
     async def _strata(request: Request, exc: StrataError) -> JSONResponse:
-        return error_response(exc)
+        if status_of(exc) == 500:  # logged under its incident id, with where it happened
+            incident_id(exc, f"{request.method} {request.url.path}")
+        response = error_response(exc)
+        # Starlette re-raises the exception after this response, and uvicorn then closes
+        # the connection: say so, so that a client does not send its next request on it.
+        response.headers["Connection"] = "close"
+        return response
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException) -> JSONResponse:
@@ -210,5 +286,10 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unexpected error in %s %s", request.method, request.url.path)
-        return error_response(exc)
+        # Logged with its traceback under the incident id the response carries.
+        incident_id(exc, f"{request.method} {request.url.path}")
+        response = error_response(exc)
+        # Starlette re-raises the exception after this response, and uvicorn then closes
+        # the connection: say so, so that a client does not send its next request on it.
+        response.headers["Connection"] = "close"
+        return response

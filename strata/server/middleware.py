@@ -1,17 +1,29 @@
-"""ASGI middleware, outermost first: request counting, API key, body size limit, JSON bodies.
+"""ASGI middleware: request counting, Host and Origin checks, API key, body size, JSON bodies.
 
-Auth runs before the body is read or parsed, so a client without the key learns nothing
-about the request's validity; the body limit runs before FastAPI parses JSON.
+The whole stack, outermost first, is in `app.py`: count, Host, Origin, CORS, connection
+limit, API key, body size, JSON bodies. Auth runs before the body is read or parsed, so a
+client without the key learns nothing about the request's validity; the body limit runs
+before FastAPI parses JSON.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from strata.server.errors import AuthError, BodyTooLarge, error_response
+from strata.server.errors import (
+    AuthError,
+    BodyTooLarge,
+    HostNotAllowed,
+    OriginNotAllowed,
+    UnsupportedMediaType,
+    error_response,
+)
+from strata.server.hosts import HostPolicy
 from strata.server.metrics import ServerMetrics
+from strata.server.origins import OriginPolicy
 
 # Routes anyone may call even with --api-key: liveness, and the API's own description.
 OPEN_PATHS = frozenset({"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
@@ -46,21 +58,65 @@ class CountRequests:
         await self.app(scope, receive, counting_send)
 
 
+class CheckHost:
+    """A Host header that names no address of this server is a 400 (`hosts.py` says which)."""
+
+    def __init__(self, app: ASGIApp, policy: HostPolicy):
+        self.app, self.policy = app, policy
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            host = dict(scope["headers"]).get(b"host")
+            if host is not None and not self.policy.allows(host.decode("latin-1")):
+                refusal = HostNotAllowed(host.decode("latin-1"))
+                return await error_response(refusal)(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
+class CheckOrigin:
+    """A browser request from a site that is neither this server nor allowed is a 403
+    (`origins.py` says which); requests without an Origin pass."""
+
+    def __init__(self, app: ASGIApp, policy: OriginPolicy):
+        self.app, self.policy = app, policy
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            headers = dict(scope["headers"])
+            origin = headers.get(b"origin")
+            host = headers.get(b"host")
+            if origin is not None and not self.policy.allows(
+                origin.decode("latin-1"), None if host is None else host.decode("latin-1")
+            ):
+                refusal = OriginNotAllowed(origin.decode("latin-1"))
+                return await error_response(refusal)(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
 class RequireApiKey:
+    """`Authorization: Bearer <key>`, the scheme in any case (RFC 7235), the key compared in
+    constant time (both sides hashed first, so not even the key's length shows)."""
+
     def __init__(self, app: ASGIApp, api_key: str | None):
         self.app = app
-        self._expected = f"Bearer {api_key}".encode() if api_key else None
+        self._expected = _digest(api_key.encode()) if api_key else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or self._expected is None or scope["path"] in OPEN_PATHS:
             return await self.app(scope, receive, send)
         given = dict(scope["headers"]).get(b"authorization", b"")
-        if not hmac.compare_digest(given, self._expected):
+        scheme, _, credentials = given.strip().partition(b" ")
+        key_ok = hmac.compare_digest(_digest(credentials.strip()), self._expected)
+        if scheme.lower() != b"bearer" or not key_ok:
             message = "a valid API key is required: send 'Authorization: Bearer <key>'"
             if given:
                 message = "the API key is not valid"
             return await error_response(AuthError(message))(scope, receive, send)
         await self.app(scope, receive, send)
+
+
+def _digest(value: bytes) -> bytes:
+    return hashlib.sha256(value).digest()
 
 
 class LimitBody:
@@ -105,10 +161,14 @@ class LimitBody:
 
 
 class JsonBodies:
-    """POST bodies are JSON whatever the client declared: `curl -d` sends them as a form.
+    """POST bodies are JSON whatever a non-browser client declared: `curl -d` sends them as
+    a form.
 
-    A missing Content-Type, or curl's default `application/x-www-form-urlencoded`, becomes
-    `application/json` (as llama.cpp's server reads them); any other type is left alone.
+    Without an Origin header, a missing Content-Type or curl's default
+    `application/x-www-form-urlencoded` becomes `application/json` (as llama.cpp's server
+    reads them); any other type is left alone. A request with an Origin comes from a
+    browser, where a form or text body needs no CORS preflight: it must declare
+    `application/json` (which does need one), anything else is a 415.
     """
 
     LENIENT = (b"", b"application/x-www-form-urlencoded")
@@ -118,8 +178,15 @@ class JsonBodies:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
-            headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
-            declared = dict(scope["headers"]).get(b"content-type", b"")
-            if declared.split(b";")[0].strip().lower() in self.LENIENT:
+            given = dict(scope["headers"])
+            declared = given.get(b"content-type", b"").split(b";")[0].strip().lower()
+            if b"origin" in given and declared != b"application/json":
+                refusal = UnsupportedMediaType(
+                    "a request from a web page must send its body as application/json, "
+                    f"not {declared.decode('latin-1') or 'without a Content-Type'}"
+                )
+                return await error_response(refusal)(scope, receive, send)
+            if declared in self.LENIENT:
+                headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
                 scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
         await self.app(scope, receive, send)

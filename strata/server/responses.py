@@ -172,6 +172,8 @@ class ErrorBody(BaseModel):
     param: str | None = None
     code: str | None = None
     retry_after: int | None = Field(None, exclude_if=_absent_if_none)
+    # On a 500: the incident id the server log files the details under.
+    id: str | None = Field(None, exclude_if=_absent_if_none)
 
 
 class ErrorResponse(BaseModel):

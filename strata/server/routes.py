@@ -1,5 +1,11 @@
 """The HTTP routes. Handlers are thin: validate (pydantic + params), then hand over to
-`generate.respond`, or read the engine thread's latest snapshot."""
+`generate.respond`, or read the engine thread's latest snapshot.
+
+Order of the checks a generation request passes (cheapest first; the middleware does the
+first ones): Host, Origin (and CORS), connection limit, API key, Content-Type, body
+size, JSON parsing; then here readiness and queue capacity, and only then tokenizing and
+the chat template.
+"""
 
 from __future__ import annotations
 
@@ -48,11 +54,14 @@ def state_of(request: Request) -> ServerState:
 ERRORS = {
     400: {"model": ErrorResponse, "description": "a malformed or unsupported request"},
     401: {"model": ErrorResponse, "description": "missing or wrong API key"},
+    403: {"model": ErrorResponse, "description": "a web origin --allow-origin does not name"},
     404: {"model": ErrorResponse, "description": "unknown model"},
     413: {"model": ErrorResponse, "description": "body over --max-body-bytes"},
+    415: {"model": ErrorResponse, "description": "a browser body that is not JSON"},
     503: {
         "model": ErrorResponse,
-        "description": "loading, KV pool full or too many waiting (Retry-After)",
+        "description": "loading, KV pool full, too many waiting or too many connections "
+        "(Retry-After)",
     },
 }
 STREAM = {
@@ -80,6 +89,7 @@ def _format(kind: type, info: ModelInfo, want_logprobs: bool) -> partial:
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     state = state_of(request)
     info = state.loop.check_ready()
+    state.loop.check_capacity()  # before tokenizing: a full server does no work for it
     job = await run_in_threadpool(chat_job, body, info)
     fmt = _format(ChatFormat, info, job.want_logprobs)
     return await respond(request, state.loop, job, fmt, state.settings.sse_keepalive_s)
@@ -89,6 +99,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
 async def completions(body: CompletionRequest, request: Request) -> Response:
     state = state_of(request)
     info = state.loop.check_ready()
+    state.loop.check_capacity()  # before tokenizing: a full server does no work for it
     job = await run_in_threadpool(completion_job, body, info)
     fmt = _format(CompletionFormat, info, job.want_logprobs)
     return await respond(request, state.loop, job, fmt, state.settings.sse_keepalive_s)

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from strata.errors import ConfigError
 from strata.loader.default import DEFAULT_FILE
+from strata.server.hosts import normalise_allowed_host
+from strata.server.origins import normalise_allowed_origin
 
 MIB = 1 << 20
 DEFAULT_HOST = "127.0.0.1"
@@ -15,6 +18,11 @@ DEFAULT_PORT = 8080
 DEFAULT_MAX_WAITING = 64
 DEFAULT_MAX_BODY_BYTES = 8 * MIB
 DEFAULT_SSE_KEEPALIVE_S = 10.0
+# Requests in flight at once. Above the default lanes + --max-waiting (4 + 64), so a busy
+# engine answers `queue_full` first, with room left for /v1/models and /slots; and it
+# bounds the bodies being buffered at once to 128 x --max-body-bytes (1 GiB by default).
+DEFAULT_MAX_CONNECTIONS = 128
+API_KEY_ENV = "STRATA_API_KEY"
 
 
 @dataclass(frozen=True)
@@ -35,6 +43,15 @@ class ServerSettings:
     # still waiting for a lane after it starts its stream, so a later refusal arrives as an
     # SSE error event (before that, a refusal is a plain 503). 0 starts every stream at once.
     sse_keepalive_s: float = DEFAULT_SSE_KEEPALIVE_S
+    # Requests in flight at once (streams until they end); one more is a 503
+    # `too_many_connections` with Retry-After. /health and /metrics are not counted.
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    # Web origins (scheme://host[:port], or "*") whose pages may call the API (CORS); a
+    # request with any other Origin but the server's own is a 403. Normalised here.
+    allow_origins: tuple[str, ...] = ()
+    # Host header names accepted besides the addresses the server listens on ("*.domain"
+    # for subdomains, "*" for any). Normalised here.
+    allow_hosts: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:
@@ -44,6 +61,18 @@ class ServerSettings:
             not isinstance(self.api_key, str) or not self.api_key.strip()
         ):
             raise ConfigError("--api-key must not be empty")
+        if self.api_key is not None and not all(33 <= ord(c) < 127 for c in self.api_key):
+            # It travels in an HTTP header: printable ASCII, no spaces.
+            raise ConfigError("--api-key must be printable ASCII without spaces")
+        _int_in("--max-connections", self.max_connections, 1, None)
+        lists = (("--allow-origin", self.allow_origins), ("--allow-host", self.allow_hosts))
+        for flag, values in lists:
+            if not isinstance(values, (tuple, list)):
+                raise ConfigError(f"{flag} values must be a list of strings, got {values!r}")
+        origins = tuple(dict.fromkeys(normalise_allowed_origin(o) for o in self.allow_origins))
+        object.__setattr__(self, "allow_origins", origins)
+        hosts = tuple(dict.fromkeys(normalise_allowed_host(h) for h in self.allow_hosts))
+        object.__setattr__(self, "allow_hosts", hosts)
         _int_in("--max-waiting", self.max_waiting, 0, None)
         _int_in("--max-body-bytes", self.max_body_bytes, 1024, None)
         if self.model_alias is not None and (
@@ -68,6 +97,17 @@ def _int_in(flag: str, value: object, low: int, high: int | None) -> None:
     if value < low or (high is not None and value > high):
         bounds = f"at least {low}" if high is None else f"between {low} and {high}"
         raise ConfigError(f"{flag} must be {bounds}, got {value}")
+
+
+def resolve_api_key(flag: str | None, environ: Mapping[str, str]) -> str | None:
+    """The API key: --api-key if given, else $STRATA_API_KEY (which keeps it out of `ps`)."""
+    if flag is not None:
+        return flag
+    value = environ.get(API_KEY_ENV)
+    if value is not None and not value.strip():
+        # Set but empty is a mistake, not a wish to run without a key.
+        raise ConfigError(f"{API_KEY_ENV} is set but empty; unset it to serve without a key")
+    return value
 
 
 def model_id(model: str | None, alias: str | None = None) -> str:

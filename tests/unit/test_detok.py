@@ -3,7 +3,9 @@ of a stop string, and add up to the full decode (cut at the first stop string)."
 
 from __future__ import annotations
 
+import math
 import os
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -112,6 +114,39 @@ def test_the_cut_does_not_depend_on_token_boundaries(split):
     # On a tie of ends, the longer stop (starting first) wins.
     detok = IncrementalDetokenizer(tok, stop=["c", "abc"])
     assert "".join(d.text for d in feed(detok, ids)) == "x"
+
+
+def _almost_stop_seconds(size: int) -> float:
+    """Time for a token that almost completes a stop string of `size` characters and then
+    breaks it, plus a token that may begin it (best of 3 runs)."""
+    stop = "a" * (size - 1) + "b"
+    tok, ids = byte_vocab("a" * (size - 2) + "c", "a" * (size - 1), "b")
+    best = math.inf
+    for _ in range(3):
+        detok = IncrementalDetokenizer(tok, stop=[stop, "zz"])
+        start = time.perf_counter()
+        assert detok.add(ids[0]).text == "a" * (size - 2) + "c"  # the "c" breaks it: all goes
+        assert detok.add(ids[1]).text == ""  # all of it may begin the stop string: held
+        best = min(best, time.perf_counter() - start)
+        assert detok.add(ids[2]) == Delta("", True)  # completed across tokens
+        assert detok.text == "a" * (size - 2) + "c"  # cut where it starts
+    return best
+
+
+def test_long_stop_strings_cost_per_character_not_per_length():
+    # Stop strings far longer than the HTTP API allows (the detokenizer has no cap of its
+    # own): a check that tries every held suffix against the stop strings' prefixes costs
+    # the square of the length per token; matching each character as it arrives, the
+    # length. So 4x the length must cost about 4x the time, not 16x.
+    small, large = _almost_stop_seconds(25_000), _almost_stop_seconds(100_000)
+    assert large < 8 * small, f"{small:.3f} s -> {large:.3f} s for 4x the length"
+    # Near misses of several long stop strings, one character a token, then a release.
+    stops = ["a" * 255 + chr(ord("b") + i) for i in range(15)]  # ...b to ...p
+    tok, ids = byte_vocab("a", "q")
+    detok = IncrementalDetokenizer(tok, stop=stops)
+    texts = [d.text for d in feed(detok, [0] * 300 + [1])]
+    assert "".join(texts) == "a" * 300 + "q" and not detok.is_stopped
+    assert all(len(t) <= 256 for t in texts)
 
 
 def test_stop_before_an_unfinished_character_is_seen_at_once():

@@ -42,6 +42,8 @@ BAD_VALUES = [
     ("stop", ""),
     ("stop", ["ok", ""]),
     ("stop", ["s"] * 17),
+    ("stop", "x" * 257),
+    ("stop", ["ok", "y" * 1000]),
     ("stop", [1]),
     ("stop", 5),
     ("stop", {"a"}),
