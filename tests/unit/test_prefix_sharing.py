@@ -1,0 +1,150 @@
+"""Identical prefixes: found in O(prompt) whatever the number of cached conversations, held once.
+
+No model: the scheduler is driven by hand (as in test_scheduler.py). N conversations that
+share one system prompt of S tokens hold the full chunks of S once and their own parts
+besides (exact chunk counts, with the system prompt ending on and inside chunk borders,
+the first conversation parked or still running); the stats the server shows (shared
+chunks, cells saved) match; and a lookup reads the same number of tree edges with 10 or
+1000 parked conversations.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import strata.engine.cache as cache_module
+import strata.engine.prefix_index as prefix_index
+from strata.engine.cache import ConversationCache, scan_longest_prefix
+from strata.engine.conversation import Conversation
+from strata.engine.scheduler import Scheduler
+from strata.kv.layout import PooledLayout
+from strata.kv.table import ChunkTable, chunks_for
+from strata.step import Sampled, StepOutput
+
+CHUNK = 4
+
+
+def system_prompt(n: int) -> list[int]:
+    return [100 + (i * 7) % 13 for i in range(n)]
+
+
+def step(s: Scheduler, token: int = 7) -> None:
+    plan = s.schedule()
+    s.check()
+    s.commit(plan, StepOutput(tuple(Sampled(w.request_id, token, None) for w in plan.work if w.do_sample)))
+    s.check()
+
+
+def prefill(s: Scheduler, request_id: str, prompt: list[int]) -> None:
+    """Admit `prompt` and step until its first token is sampled."""
+    s.add(request_id, prompt)
+    step(s)
+    while s.seqs[request_id].is_prefilling:
+        step(s)
+
+
+@pytest.mark.parametrize("concurrent", [False, True], ids=["parked", "running"])
+@pytest.mark.parametrize("system_len", [8, 10, 3], ids=["on-border", "inside", "under-a-chunk"])
+@pytest.mark.parametrize("n", [1, 4, 16])
+def test_n_conversations_hold_the_system_prompt_once(n, system_len, concurrent):
+    s = Scheduler(PooledLayout(200, CHUNK), n, max_context=64, prefill_chunk=64)
+    system = system_prompt(system_len)
+    for i in range(n):
+        own = [1 + i, 50, 51][: 1 + i % 3]  # distinct first tokens: each shares exactly the system prompt
+        prefill(s, f"r{i}", system + own)
+        if i and s.seqs[f"r{i}"].num_cached != system_len:
+            pytest.fail(f"request {i} reused {s.seqs[f'r{i}'].num_cached} tokens, not the {system_len} shared")
+        if not concurrent:
+            s.finish(f"r{i}")
+    for request_id in list(s.seqs):
+        s.finish(request_id)
+    s.check()
+    convs = list(s.cache)
+    assert len(convs) == n and all(c.token_ids[:system_len] == system for c in convs)
+    full = system_len // CHUNK  # the full chunks of the system prompt: held once
+    own = sum(chunks_for(c.num_cells, CHUNK) - full for c in convs)  # the rest: each its own
+    assert s.layout.pool.num_held == full + own
+    assert sum(len(c.table.chunk_ids) for c in convs) == full * n + own  # without sharing
+    assert len({tuple(c.table.chunk_ids[:full]) for c in convs}) == 1  # the very same ids
+    stats = s.stats()
+    assert stats.num_chunks_shared == (full if n > 1 else 0)
+    assert stats.num_cells_saved == (n - 1) * full * CHUNK
+    assert sum(stats.shared_chunks_per_lane) == (full * n if n > 1 else 0)
+    for i in range(full):
+        assert s.layout.pool.refcount(convs[0].table.chunk_ids[i]) == n
+    s.clear_cache()
+    assert s.layout.pool.num_free == s.layout.pool.num_total
+
+
+def test_eviction_frees_a_shared_chunk_only_with_its_last_holder():
+    s = Scheduler(PooledLayout(200, CHUNK), 3, max_context=64, prefill_chunk=64)
+    system = system_prompt(8)
+    for i in range(3):
+        prefill(s, f"r{i}", system + [1 + i])
+        s.finish(f"r{i}")
+    shared = s.lanes[0].conv.table.chunk_ids[:2]
+    held = s.layout.pool.num_held
+    for k, conv in enumerate(s.cache.idle_lru()):
+        s._evict((conv,))
+        s.check()
+        assert all(s.layout.pool.refcount(i) == 2 - k for i in shared)
+        assert s.layout.pool.num_held == held - 1 - (2 if k == 2 else 0)
+        held = s.layout.pool.num_held
+
+
+def test_lookup_cost_does_not_grow_with_parked_conversations(monkeypatch):
+    """A lookup compares one edge per tree node on the prompt's path: 10 or 1000 parked
+    conversations sharing a system prompt cost the same number of edge compares."""
+    calls = []
+    real = prefix_index.common_prefix_len
+    counted = lambda a, b: calls.append(1) or real(a, b)  # noqa: E731
+    monkeypatch.setattr(prefix_index, "common_prefix_len", counted)
+    monkeypatch.setattr(cache_module, "common_prefix_len", counted)  # (the scan it replaced used this one)
+    system = system_prompt(300)
+    for num_parked in (10, 1000):
+        cache = ConversationCache()
+        for i in range(num_parked):
+            cache.add(Conversation(cache.new_id(), ChunkTable(), system + [i, i + 1, i + 2] * 20))
+        calls.clear()
+        prompt = system + [5, 6, 7] * 20 + [9]
+        best, n = cache.longest_prefix(prompt)
+        assert best.token_ids == prompt[:-1] and n == 360  # the sixth conversation
+        assert len(calls) <= 3, f"{len(calls)} edge compares with {num_parked} parked conversations"
+
+
+def test_ties_go_to_idle_then_most_recent():
+    cache = ConversationCache()
+    a, b, c = (Conversation(cache.new_id(), ChunkTable(), [1, 2, 3, 4]) for _ in range(3))
+    for conv in (a, b, c):
+        cache.add(conv)
+    assert cache.longest_prefix([1, 2, 9]) == (c, 2)
+    cache.touch(a)
+    assert cache.longest_prefix([1, 2, 3, 4, 5]) == (a, 4)
+    cache.activate(a)
+    assert cache.longest_prefix([1, 2]) == (c, 2)  # idle beats active
+    cache.activate(b)
+    cache.activate(c)
+    assert cache.longest_prefix([1, 2]) == (c, 2)  # all active: the most recent
+    cache.deactivate(a)
+    assert cache.longest_prefix([1]) == (a, 1)
+    cache.cut(a, 1)
+    assert cache.longest_prefix([1, 2]) == (c, 2)  # a no longer reaches token 2
+    cache.extend(a, [2, 3, 4, 5])
+    assert cache.longest_prefix([1, 2, 3, 4, 5]) == (a, 5)
+    cache.remove(a)
+    assert cache.longest_prefix([1, 2, 3, 4, 5]) == (c, 4)
+    assert cache.longest_prefix([7]) == (None, 0)
+    for p in ([1], [1, 2, 3, 4, 5], [2]):
+        assert cache.longest_prefix(p) == scan_longest_prefix(cache, p)
+    cache.check()
+
+
+def test_a_stale_index_fails_the_check():
+    """`Scheduler.check` catches tokens changed behind the cache's back."""
+    cache = ConversationCache()
+    conv = Conversation(cache.new_id(), ChunkTable(), [1, 2, 3])
+    cache.add(conv)
+    cache.check()
+    conv.token_ids.append(4)  # not through cache.extend
+    with pytest.raises(AssertionError):
+        cache.check()
