@@ -114,3 +114,38 @@ def test_branch_equals_cold(engines, first, cut, branch, layout, concurrent):
         run(engine, [first])
         b = run(engine, [prompt])[0]
     assert b == reference(engines, prompt)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(system_len=st.sampled_from([16, 33, 47, 64]), chunk=st.sampled_from([16, 64]), concurrent=st.booleans(),
+       questions=st.lists(st.lists(st.integers(3, 40000), min_size=1, max_size=12), min_size=2, max_size=4))
+def test_shared_system_prompt_equals_cold(engines, system_len, chunk, concurrent, questions):
+    """Conversations sharing one system prompt (ending on and inside chunk borders) fork
+    its full chunks from the first one, parked or still running, and answer token for
+    token as they would alone and cold (no sharing)."""
+    engine = engines(True, chunk, ("cpu",))
+    engine.scheduler.clear_cache()
+    system = [3 + (i * 7919) % 40000 for i in range(system_len)]
+    prompts = [system + q for q in questions]
+    if concurrent:  # the first is still decoding when the others arrive
+        ids = [engine.add_request(prompts[0], GREEDY)]
+        tokens = {ids[0]: []}
+        while not any(c.num_cells > system_len for c in engine.scheduler.cache):
+            for out in engine.step():
+                tokens[out.request_id].extend(out.new_token_ids)
+        ids += [engine.add_request(p, GREEDY) for p in prompts[1:]]
+        tokens.update({i: [] for i in ids[1:]})
+        shared = 0
+        while engine.has_work:
+            for out in engine.step():
+                assert out.error is None and not out.truncated
+                tokens[out.request_id].extend(out.new_token_ids)
+            engine.scheduler.check()
+            shared = max(shared, engine.scheduler.stats().num_chunks_shared)
+        got = [tokens[i] for i in ids]
+    else:
+        got = [run(engine, [p])[0] for p in prompts]
+        shared = engine.scheduler.stats().num_chunks_shared
+    assert engine.scheduler.counters.num_cached_tokens >= (len(prompts) - 1) * system_len
+    assert shared >= system_len // chunk  # the system prompt's full chunks, held once
+    assert got == [reference(engines, p) for p in prompts]
