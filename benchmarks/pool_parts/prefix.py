@@ -122,14 +122,18 @@ def admission(p: dict) -> dict:
             for arm in arms:
                 out[f"{workload}|{num_parked}|{arm}"] = {k: statistics.median(v) for k, v in times[arm].items()}
                 out[f"{workload}|{num_parked}|{arm}"]["raw_admit_us"] = times[arm]["admit_us"]
-            print(f"  {workload}, {num_parked} parked: admission before {out[f'{workload}|{num_parked}|before']['admit_us']:.0f} us, "
-                  f"after {out[f'{workload}|{num_parked}|after']['admit_us']:.0f} us", file=sys.stderr)
+            b, a = (out[f"{workload}|{num_parked}|{arm}"]["admit_us"] for arm in ("before", "after"))
+            print(f"  {workload}, {num_parked} parked: admission before {b:.0f} us, after {a:.0f} us", file=sys.stderr)
     return out
 
 
-def sharing(p: dict) -> dict:
+def _sample(plan):
     from strata.step import Sampled, StepOutput
 
+    return StepOutput(tuple(Sampled(w.request_id, 7, None) for w in plan.work if w.do_sample))
+
+
+def sharing(p: dict) -> dict:
     _, NoSharingCache = _caches()
     rng = random.Random(1)
     system = [rng.randrange(3, 49000) for _ in range(SYSTEM_TOKENS)]
@@ -145,10 +149,10 @@ def sharing(p: dict) -> dict:
                     while s.seqs.get(f"r{i}") is None or s.seqs[f"r{i}"].is_prefilling:
                         plan = s.schedule()
                         computed += sum(len(w.token_ids) for w in plan.work if w.request_id == f"r{i}")
-                        s.commit(plan, StepOutput(tuple(Sampled(w.request_id, 7, None) for w in plan.work if w.do_sample)))
+                        s.commit(plan, _sample(plan))
                 for _ in range(DECODE_TOKENS):
                     plan = s.schedule()
-                    s.commit(plan, StepOutput(tuple(Sampled(w.request_id, 7, None) for w in plan.work if w.do_sample)))
+                    s.commit(plan, _sample(plan))
                 s.check()
                 st = s.stats()
                 out[f"{chunk}|{n}|{arm}"] = {
