@@ -148,3 +148,28 @@ def test_a_stale_index_fails_the_check():
     conv.token_ids.append(4)  # not through cache.extend
     with pytest.raises(AssertionError):
         cache.check()
+
+
+def test_metrics_and_slots_show_shared_chunks():
+    """/metrics exports the shared chunks and the cells they save; /slots each lane's shared chunks."""
+    pytest.importorskip("prometheus_client")
+    import dataclasses
+
+    from strata.server.metrics import ServerMetrics
+    from strata.server.snapshot import EngineSnapshot, LaneView
+
+    s = Scheduler(PooledLayout(200, CHUNK), 3, max_context=64, prefill_chunk=64)
+    system = system_prompt(9)  # two full chunks and one cell
+    for i in range(3):
+        prefill(s, f"r{i}", system + [1 + i])
+        s.finish(f"r{i}")
+    stats = s.stats()
+    assert (stats.num_chunks_shared, stats.num_cells_saved) == (2, 2 * 2 * CHUNK)
+    assert stats.shared_chunks_per_lane == (2, 2, 2)
+    lanes = tuple(LaneView(i, "idle", 10, 3, None, None, None, stats.shared_chunks_per_lane[i]) for i in range(3))
+    snap = EngineSnapshot(stats, dataclasses.replace(s.counters), 0, 0, 0, lanes, 1, 64, 100)
+    metrics = ServerMetrics()
+    metrics.add_pool(lambda: snap)
+    text = metrics.render().decode()
+    assert "strata_kv_chunks_shared 2.0" in text
+    assert f"strata_kv_cells_saved {2 * 2 * CHUNK}.0" in text
