@@ -11,6 +11,9 @@ chunks, cells saved) match; and a lookup reads the same number of tree edges wit
 from __future__ import annotations
 
 import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 import strata.engine.cache as cache_module
 import strata.engine.prefix_index as prefix_index
@@ -173,3 +176,62 @@ def test_metrics_and_slots_show_shared_chunks():
     text = metrics.render().decode()
     assert "strata_kv_chunks_shared 2.0" in text
     assert f"strata_kv_cells_saved {2 * 2 * CHUNK}.0" in text
+
+
+class CacheMachine(RuleBasedStateMachine):
+    """The cache alone under random changes (duplicates, idle extensions, cuts to any length):
+    after each, the index agrees with a brute-force scan (`ConversationCache.check`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.cache = ConversationCache()
+
+    def convs(self, data, active=None):
+        convs = sorted((c for c in self.cache if active is None or c.is_active == active), key=lambda c: c.conv_id)
+        return data.draw(st.sampled_from(convs)) if convs else None
+
+    @rule(tokens=st.lists(st.integers(1, 3), max_size=10))
+    def add(self, tokens):
+        self.cache.add(Conversation(self.cache.new_id(), ChunkTable(), tokens))
+
+    @rule(data=st.data())
+    def remove(self, data):
+        if (conv := self.convs(data)) is not None:
+            self.cache.remove(conv)
+
+    @rule(data=st.data(), tokens=st.lists(st.integers(1, 3), min_size=1, max_size=4))
+    def extend(self, data, tokens):
+        if (conv := self.convs(data)) is not None:
+            self.cache.extend(conv, tokens)
+
+    @rule(data=st.data())
+    def cut(self, data):
+        if (conv := self.convs(data)) is not None:
+            self.cache.cut(conv, data.draw(st.integers(0, len(conv.token_ids))))
+
+    @rule(data=st.data())
+    def touch(self, data):
+        if (conv := self.convs(data)) is not None:
+            self.cache.touch(conv)
+
+    @rule(data=st.data())
+    def activate(self, data):
+        if (conv := self.convs(data, active=False)) is not None:
+            self.cache.activate(conv)
+
+    @rule(data=st.data())
+    def deactivate(self, data):
+        if (conv := self.convs(data, active=True)) is not None:
+            self.cache.deactivate(conv)
+
+    @rule(prompt=st.lists(st.integers(1, 3), max_size=12))
+    def lookup(self, prompt):
+        assert self.cache.longest_prefix(prompt) == scan_longest_prefix(self.cache, prompt)
+
+    @invariant()
+    def agrees_with_a_scan(self):
+        self.cache.check()
+
+
+TestCache = CacheMachine.TestCase
+TestCache.settings = settings(max_examples=200, stateful_step_count=50, deadline=None)
