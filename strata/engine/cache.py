@@ -102,6 +102,10 @@ class ConversationCache:
         """
         return self._index.longest(token_ids, self._active.values())
 
+    def other_holder(self, conv: Conversation, num_tokens: int) -> Conversation | None:
+        """Another held conversation starting with the first `num_tokens` tokens of the active `conv`."""
+        return self._index.other_holder(conv, num_tokens, self._active.values())
+
     def idle_lru(self, exclude: Iterable[Conversation] = ()) -> list[Conversation]:
         """Idle conversations, least recently used first: the order they give way in."""
         skip = {c.conv_id for c in exclude}

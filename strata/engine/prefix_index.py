@@ -85,6 +85,23 @@ class PrefixIndex:
         assert best is not None, "a node with no conversation below it"
         return best, pos
 
+    def other_holder(self, conv: Conversation, depth: int, active: Iterable[Conversation]) -> Conversation | None:
+        """Another held conversation whose first `depth` tokens are those of the active `conv`
+        (0 < depth <= its length): idle first, most recent first; None when there is none."""
+        assert conv.is_active
+        x = self._at[conv.conv_id]
+        while x.parent.depth >= depth:
+            x = x.parent
+        if x.count < 2:
+            return None
+        heap = x.recent
+        while heap:
+            neg_clock, _, other = heap[0]
+            if self._is_live(other, -neg_clock, x):
+                return other
+            heapq.heappop(heap)
+        return max((o for o in active if o is not conv and self._passes(o, x)), key=lambda o: o.last_used, default=None)
+
     def holds(self, conv: Conversation) -> bool:
         node = self._at.get(conv.conv_id)
         return node is not None and node.ends.get(conv.conv_id) is conv

@@ -28,6 +28,7 @@ from strata.engine.admission import (
 )
 from strata.engine.cache import ConversationCache
 from strata.engine.conversation import Conversation, Lane, Sequence
+from strata.engine.dedup import adopt_identical_chunks
 from strata.engine.invariants import check_invariants
 from strata.engine.stats import PoolCounters, PoolStats, pool_stats
 from strata.engine.work import build_work, commit_work
@@ -57,6 +58,7 @@ class Scheduler:
         """The runner executed `plan`: its cells are written and `output` sampled. Returns,
         per sampled request, whether its token can be fed (False: the context is full)."""
         commit_work(self.seqs, plan.work, self.cache)
+        self.counters.num_chunks_adopted += adopt_identical_chunks(self.seqs, plan.work, self.cache, self.layout)
         can_continue = {}
         for s in output.sampled:
             seq = self.seqs[s.request_id]

@@ -22,6 +22,7 @@ class PoolCounters:
     num_moves_copy: int = 0
     num_cells_copied: int = 0
     num_cached_tokens: int = 0
+    num_chunks_adopted: int = 0  # full chunks computed twice at once, then held once (see engine/dedup)
     num_failed_steps: int = 0  # steps whose execute raised (their requests ended with an error)
 
 

@@ -116,18 +116,21 @@ def test_branch_equals_cold(engines, first, cut, branch, layout, concurrent):
     assert b == reference(engines, prompt)
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(system_len=st.sampled_from([16, 33, 47, 64]), chunk=st.sampled_from([16, 64]), concurrent=st.booleans(),
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(system_len=st.sampled_from([16, 33, 47, 64]), chunk=st.sampled_from([16, 64]),
+       arrival=st.sampled_from(["one by one", "while running", "together"]),
        questions=st.lists(st.lists(st.integers(3, 40000), min_size=1, max_size=12), min_size=2, max_size=4))
-def test_shared_system_prompt_equals_cold(engines, system_len, chunk, concurrent, questions):
-    """Conversations sharing one system prompt (ending on and inside chunk borders) fork
-    its full chunks from the first one, parked or still running, and answer token for
-    token as they would alone and cold (no sharing)."""
+def test_shared_system_prompt_equals_cold(engines, system_len, chunk, arrival, questions):
+    """Conversations sharing one system prompt (ending on and inside chunk borders) hold its
+    full chunks once: forked from the first one, parked or still running, or computed
+    together and then adopted (engine/dedup.py); each answers token for token as it would
+    alone and cold (no sharing)."""
     engine = engines(True, chunk, ("cpu",))
     engine.scheduler.clear_cache()
+    cached_before = engine.scheduler.counters.num_cached_tokens
     system = [3 + (i * 7919) % 40000 for i in range(system_len)]
     prompts = [system + q for q in questions]
-    if concurrent:  # the first is still decoding when the others arrive
+    if arrival == "while running":  # the first is still decoding when the others arrive
         ids = [engine.add_request(prompts[0], GREEDY)]
         tokens = {ids[0]: []}
         while not any(c.num_cells > system_len for c in engine.scheduler.cache):
@@ -143,9 +146,13 @@ def test_shared_system_prompt_equals_cold(engines, system_len, chunk, concurrent
             engine.scheduler.check()
             shared = max(shared, engine.scheduler.stats().num_chunks_shared)
         got = [tokens[i] for i in ids]
+    elif arrival == "together":
+        got = run(engine, prompts)
+        shared = engine.scheduler.stats().num_chunks_shared
     else:
         got = [run(engine, [p])[0] for p in prompts]
         shared = engine.scheduler.stats().num_chunks_shared
-    assert engine.scheduler.counters.num_cached_tokens >= (len(prompts) - 1) * system_len
+    if arrival != "together":
+        assert engine.scheduler.counters.num_cached_tokens - cached_before >= (len(prompts) - 1) * system_len
     assert shared >= system_len // chunk  # the system prompt's full chunks, held once
     assert got == [reference(engines, p) for p in prompts]

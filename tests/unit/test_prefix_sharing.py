@@ -235,3 +235,28 @@ class CacheMachine(RuleBasedStateMachine):
 
 TestCache = CacheMachine.TestCase
 TestCache.settings = settings(max_examples=200, stateful_step_count=50, deadline=None)
+
+
+@pytest.mark.parametrize("system_len", [8, 10])
+def test_prompts_admitted_together_hold_their_prefix_once(system_len):
+    """Admitted in the same step, neither can fork the other: both compute the system
+    prompt, and the commit makes the second adopt the first's full chunks (its own freed)."""
+    s = Scheduler(PooledLayout(200, CHUNK), 3, max_context=64, prefill_chunk=64)
+    system = system_prompt(system_len)
+    for i in range(3):
+        s.add(f"r{i}", system + [1 + i, 9])
+    step(s)
+    assert all(seq.num_cached == 0 and not seq.is_prefilling for seq in s.seqs.values())
+    full = system_len // CHUNK
+    assert s.counters.num_chunks_adopted == 2 * full
+    own = sum(len(seq.conv.table.chunk_ids) - full for seq in s.seqs.values())
+    assert s.layout.pool.num_held == full + own
+    assert len({tuple(seq.conv.table.chunk_ids[:full]) for seq in s.seqs.values()}) == 1
+    assert s.stats().num_cells_saved == 2 * full * CHUNK
+    for _ in range(3):
+        step(s)
+    for request_id in list(s.seqs):
+        s.finish(request_id)
+    s.check()
+    s.clear_cache()
+    assert s.layout.pool.num_free == s.layout.pool.num_total

@@ -349,7 +349,10 @@ class SchedulerMachine(RuleBasedStateMachine):
 
         # sample, commit, and finish some
         sampled = tuple(Sampled(w.request_id, rng.choice(VOCAB), None) for w in plan.work if w.do_sample)
+        adopted = s.counters.num_chunks_adopted
         can_continue = s.commit(plan, StepOutput(sampled))
+        if s.counters.num_chunks_adopted > adopted:
+            event("adopted an identical chunk")  # computed twice at once, now held once
         assert set(can_continue) == {x.request_id for x in sampled}
         for w in plan.work:
             q = self.reqs[w.request_id]
