@@ -10,7 +10,9 @@ b. chunks held by N = 1, 4, 16 conversations sharing one 2K-token system prompt 
    a 64-token question and decodes 16 tokens), with sharing (forks of the cached prefix)
    and without (a cache that never finds a prefix: every conversation prefills the system
    prompt itself), at several --kv-chunk sizes: only full chunks are shared, so a 2K prompt
-   in 4096-cell chunks shares nothing (it is copied, not recomputed).
+   in 4096-cell chunks shares nothing (it is copied, not recomputed). "arriving together":
+   all N admitted in one step, so none can fork another; each computes the prompt and the
+   commit makes the later ones adopt the first's full chunks (engine/dedup.py).
 """
 
 from __future__ import annotations
@@ -71,6 +73,9 @@ def _caches():
 
         def longest_prefix(self, token_ids):
             return None, 0
+
+        def other_holder(self, conv, num_tokens):
+            return None  # (no chunk computed twice at once is adopted either)
 
         def check(self):
             self._index.check(self)  # (not the comparison with a scan: it answers None on purpose)
@@ -140,15 +145,16 @@ def sharing(p: dict) -> dict:
     out = {}
     for chunk in p["chunks"]:
         for n in p["sharers"]:
-            for arm, cache_cls in (("sharing", None), ("no sharing", NoSharingCache)):
+            for arm, cache_cls in (("sharing", None), ("together", None), ("no sharing", NoSharingCache)):
                 s = _scheduler(cache_cls, 64 * n + 64, chunk, n)
                 computed = 0
-                for i in range(n):  # one after another, each still running when the next arrives
-                    prompt = system + [rng.randrange(3, 49000) for _ in range(QUESTION_TOKENS)]
-                    s.add(f"r{i}", prompt)
-                    while s.seqs.get(f"r{i}") is None or s.seqs[f"r{i}"].is_prefilling:
+                # one after another, each still running when the next arrives; "together": all in one step
+                for batch in ([list(range(n))] if arm == "together" else [[i] for i in range(n)]):
+                    for i in batch:
+                        s.add(f"r{i}", system + [rng.randrange(3, 49000) for _ in range(QUESTION_TOKENS)])
+                    while any(s.seqs.get(f"r{i}") is None or s.seqs[f"r{i}"].is_prefilling for i in batch):
                         plan = s.schedule()
-                        computed += sum(len(w.token_ids) for w in plan.work if w.request_id == f"r{i}")
+                        computed += sum(len(w.token_ids) for w in plan.work if len(w.token_ids) > 1)
                         s.commit(plan, _sample(plan))
                 for _ in range(DECODE_TOKENS):
                     plan = s.schedule()
@@ -159,6 +165,7 @@ def sharing(p: dict) -> dict:
                     "chunks_held": st.num_chunks_held, "cells_held": st.num_chunks_held * chunk,
                     "chunks_shared": st.num_chunks_shared, "cells_saved": st.num_cells_saved,
                     "prompt_tokens_computed": computed, "cells_copied": s.counters.num_cells_copied,
+                    "chunks_adopted": s.counters.num_chunks_adopted,
                 }
     return out
 
@@ -191,13 +198,14 @@ def measure(run: Run) -> None:
     rows = []
     for chunk in CHUNKS:
         for n in SHARERS:
-            w, wo = sh[f"{chunk}|{n}|sharing"], sh[f"{chunk}|{n}|no sharing"]
-            rows.append([chunk, n, w["chunks_held"], wo["chunks_held"], w["chunks_shared"], w["cells_saved"],
-                         w["prompt_tokens_computed"], wo["prompt_tokens_computed"], w["cells_copied"]])
+            w, t, wo = (sh[f"{chunk}|{n}|{arm}"] for arm in ("sharing", "together", "no sharing"))
+            rows.append([chunk, n, w["chunks_held"], t["chunks_held"], wo["chunks_held"], w["chunks_shared"],
+                         w["cells_saved"], w["prompt_tokens_computed"], wo["prompt_tokens_computed"],
+                         w["cells_copied"]])
     run.tables["prefix_sharing"] = print_table(
         f"5b. N conversations sharing one {SYSTEM_TOKENS}-token system prompt ({QUESTION_TOKENS}-token question "
         f"each, {DECODE_TOKENS} tokens decoded, all still running): pool chunks held with and without sharing",
-        ["--kv-chunk", "N", "chunks held", "without sharing", "shared chunks", "cells saved",
+        ["--kv-chunk", "N", "chunks held", "arriving together", "without sharing", "shared chunks", "cells saved",
          "prompt tokens computed", "without sharing", "cells copied"], rows)
     _plot(run, adm)
 
