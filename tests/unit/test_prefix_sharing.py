@@ -260,3 +260,23 @@ def test_prompts_admitted_together_hold_their_prefix_once(system_len):
     s.check()
     s.clear_cache()
     assert s.layout.pool.num_free == s.layout.pool.num_total
+
+
+def test_pool_full_order_counts_a_shared_chunk_once():
+    """Parked conversations sharing a system prompt's chunks: evicting one of them frees only
+    its own chunks, so the pool takes as many as the need covers, least recently used first."""
+    s = Scheduler(PooledLayout(10, CHUNK), 4, max_context=40, prefill_chunk=64)
+    system = system_prompt(8)
+    for i in range(3):
+        prefill(s, f"r{i}", system + [1 + i])
+        s.finish(f"r{i}")
+    first, second, third = s.cache.idle_lru()
+    assert s.layout.pool.num_held == 2 + 3 and s.stats().num_chunks_shared == 2
+    s.add("big", [7] * 27)  # 28 cells: 7 chunks, 5 free; the oldest frees 1, the two oldest 2
+    plan = s.schedule()
+    s.check()
+    assert [a.request_id for a in plan.admitted] == ["big"] and s.counters.num_evictions == 2
+    assert s.cache.get(first.conv_id) is None and s.cache.get(second.conv_id) is None
+    assert s.cache.get(third.conv_id) is third
+    assert all(s.layout.pool.refcount(i) == 1 for i in third.table.chunk_ids)
+    assert s.stats().num_chunks_shared == 0 and s.layout.pool.num_free == 0
