@@ -9,7 +9,9 @@ match ends. Heap entries are dropped lazily: an entry is live while its conversa
 held, idle, has not been used since, and still passes through the node.
 
 The tree changes only through `add`, `remove`, `grew`, `cut` and `touched`; the cache
-calls them for every change of a conversation's tokens, activity or recency.
+calls them for every change of a conversation's tokens, activity or recency. A decode
+step extends its conversation's own leaf in O(1); a touch pushes one heap entry per node
+on the conversation's path; splitting an edge copies the lower node's heap.
 """
 
 from __future__ import annotations
