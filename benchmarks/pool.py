@@ -25,7 +25,14 @@ proposed with (seed thread #3351), both layouts side by side in one run:
    together; tok/s per layout and pool / reserved. Both layouts' engines in one process,
    stepped alternately.
 
-    python benchmarks/pool.py [--quick] [--scale S] [--only move,memory,ttft,decode]
+5. prefix: identical prefixes, scheduler only (chunk ids, no model): admission time with
+   10, 100, 1000 parked conversations of 2K tokens, the radix-tree prefix index against
+   the linear scan it replaced (kept in the part as the "before" arm); chunks held by
+   N = 1, 4, 16 conversations sharing a 2K-token system prompt, with and without sharing
+   (see `pool_parts/prefix.py`). `prefix_ttft`: the same with the real model, TTFT of each
+   new conversation with and without sharing (`pool_parts/prefix_ttft.py`).
+
+    python benchmarks/pool.py [--quick] [--scale S] [--only move,memory,ttft,decode,prefix,prefix_ttft]
 
 `--scale S` divides every length and size (contexts, chunk, pool) by S; `--quick` is
 `--scale 16` (unless given) with fewer repetitions and rounds. Before every arm the
@@ -64,11 +71,14 @@ from benchmarks.pool_parts import (
     decode,
     memory,
     move,
+    prefix,
+    prefix_ttft,
     ttft,
 )
 
-ALL_PARTS = {"move", "memory", "ttft", "decode"}
-ARMS = {"move": move.arm_move, "capacity": memory.arm_capacity, "ttft": ttft.arm_ttft, "decode": decode.arm_decode}
+ALL_PARTS = {"move", "memory", "ttft", "decode", "prefix", "prefix_ttft"}
+ARMS = {"move": move.arm_move, "capacity": memory.arm_capacity, "ttft": ttft.arm_ttft, "decode": decode.arm_decode,
+        "prefix": prefix.arm_prefix, "prefix_ttft": prefix_ttft.arm_prefix_ttft}
 
 
 # ---- the parent: memory checks, child arms, notes; each part's tables are in benchmarks/pool_parts ----
@@ -162,7 +172,8 @@ def main() -> None:
     p.add_argument("--params", help="(children) the arm's parameters as JSON")
     p.add_argument("--quick", action="store_true", help="scale 16 (unless --scale), fewer repetitions and rounds")
     p.add_argument("--scale", type=int, help="divide every length and size by this (default 1; 16 with --quick)")
-    p.add_argument("--only", default="move,memory,ttft,decode", help="parts to run (move includes idle memory)")
+    p.add_argument("--only", default="move,memory,ttft,decode,prefix,prefix_ttft",
+                   help="parts to run (move includes idle memory)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     p.add_argument("--reps", type=int, help="moves per length per process (default 7; 3 with --quick)")
     p.add_argument("--rounds", type=int, help="move/memory processes per layout (default 3; 1 with --quick)")
@@ -217,6 +228,10 @@ def main() -> None:
         ttft.measure(run)
     if "decode" in parts:
         decode.measure(run)
+    if "prefix" in parts:
+        prefix.measure(run)
+    if "prefix_ttft" in parts:
+        prefix_ttft.measure(run)
     if run.busy_starts:
         run.note(f"{run.busy_starts} arm(s) started while other processes kept the CPUs over {args.quiet_cpu:.0f} % "
                  f"busy (after waiting up to {args.quiet_wait:.0f} s): their timings are inflated by contention; "
@@ -231,7 +246,7 @@ def main() -> None:
         except (OSError, ValueError):
             old = None
         if old is not None:
-            for key in ("move", "capacity", "ttft", "decode"):
+            for key in ("move", "capacity", "ttft", "decode", "prefix", "prefix_ttft"):
                 if key not in run.payload and key in old:
                     run.payload[key] = old[key]
             run.payload["tables"] = {**old.get("tables", {}), **run.tables}

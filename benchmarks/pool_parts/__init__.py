@@ -1,7 +1,7 @@
 """The parts of benchmarks/pool.py, one measurement per module, and the sizes they share.
 
 `synthetic` holds what the child arms share (engines, synthetic K/V); `move`, `memory`,
-`ttft` and `decode` each hold one measurement: its arm (run in a child interpreter via
+`ttft`, `decode` and `prefix` each hold one measurement: its arm (run in a child interpreter via
 `pool.py --arm ...`) and the parent's side (sizing, rounds, tables). Nothing here imports
 torch or strata at import time, so `pool.py --help` stays fast.
 """

@@ -1,6 +1,8 @@
 """The scheduler's invariants, checked by tests after every step (and by `Scheduler.check`).
 
 - the pool's free list and refcounts agree (a scan, not arithmetic on its counters);
+- the cache's prefix index holds every conversation's current tokens, and answers as a
+  brute-force scan does;
 - every held conversation has exactly one cell per listed token, within its table;
 - lanes and conversations point at each other consistently; a busy lane's sequence
   extends the lane's conversation;
@@ -24,6 +26,7 @@ def check_invariants(
 ) -> None:
     pool = layout.pool
     pool.check()
+    cache.check()  # the prefix index agrees with a scan of every conversation
     refs: dict[int, int] = {}
     for conv in cache:
         assert len(conv.token_ids) == conv.num_cells, (conv.conv_id, len(conv.token_ids), conv.num_cells)

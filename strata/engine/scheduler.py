@@ -28,6 +28,7 @@ from strata.engine.admission import (
 )
 from strata.engine.cache import ConversationCache
 from strata.engine.conversation import Conversation, Lane, Sequence
+from strata.engine.dedup import adopt_identical_chunks
 from strata.engine.invariants import check_invariants
 from strata.engine.stats import PoolCounters, PoolStats, pool_stats
 from strata.engine.work import build_work, commit_work
@@ -56,7 +57,8 @@ class Scheduler:
     def commit(self, plan: StepPlan, output: StepOutput) -> dict[str, bool]:
         """The runner executed `plan`: its cells are written and `output` sampled. Returns,
         per sampled request, whether its token can be fed (False: the context is full)."""
-        commit_work(self.seqs, plan.work)
+        commit_work(self.seqs, plan.work, self.cache)
+        self.counters.num_chunks_adopted += adopt_identical_chunks(self.seqs, plan.work, self.cache, self.layout)
         can_continue = {}
         for s in output.sampled:
             seq = self.seqs[s.request_id]
@@ -99,8 +101,7 @@ class Scheduler:
         conv = seq.conv
         copies = self.layout.truncate(conv.table, conv.num_cells)
         assert not copies  # the chunk an active conversation writes is private
-        conv.is_active = False
-        self.cache.touch(conv)
+        self.cache.deactivate(conv)
 
     def abort(self, request_id: str) -> bool:
         """Cancel a waiting or running request; a running one gives its chunks back.
@@ -120,9 +121,8 @@ class Scheduler:
         if seq.is_extension and self.layout.num_chunks_to_truncate(conv.table, seq.num_cached) == 0:
             copies = self.layout.truncate(conv.table, seq.num_cached)
             assert not copies
-            conv.cut(seq.num_cached)
-            conv.is_active = False
-            self.cache.touch(conv)
+            self.cache.cut(conv, seq.num_cached)
+            self.cache.deactivate(conv)
         else:
             self._drop(conv)
         return True
@@ -163,7 +163,7 @@ class Scheduler:
                 copies += self._place(conv, lane.index)
             if plan.num_cached < conv.num_cells:
                 copies += self.layout.truncate(conv.table, plan.num_cached)
-                conv.cut(plan.num_cached)
+                self.cache.cut(conv, plan.num_cached)
         elif plan.reuse is Reuse.FORK:
             table, fork_copies = self.layout.fork(source.table, plan.num_cached, lane.index)
             copies += fork_copies
@@ -175,9 +175,9 @@ class Scheduler:
             self.cache.add(conv)
         self.counters.num_cells_copied += sum(c.num_cells for c in copies)
         self.layout.grow(conv.table, len(prompt_ids) + 1)  # the prompt and its first decoded token
-        conv.lane, conv.is_active = lane.index, True
+        conv.lane = lane.index
         conv.add_checkpoint(plan.num_cached)
-        self.cache.touch(conv)
+        self.cache.activate(conv)
         lane.conv = conv
         self._num_admitted += 1
         seq = Sequence(request_id, prompt_ids, self._num_admitted, lane.index, conv, plan.num_cached,

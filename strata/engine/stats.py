@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -21,6 +22,7 @@ class PoolCounters:
     num_moves_copy: int = 0
     num_cells_copied: int = 0
     num_cached_tokens: int = 0
+    num_chunks_adopted: int = 0  # full chunks computed twice at once, then held once (see engine/dedup)
     num_failed_steps: int = 0  # steps whose execute raised (their requests ended with an error)
 
 
@@ -33,10 +35,15 @@ class PoolStats:
     num_conversations_parked: int
     chunks_per_lane: tuple[int, ...]
     chunk_size: int
+    num_chunks_shared: int = 0  # held by more than one conversation (a shared prefix), counted once
+    num_cells_saved: int = 0  # cells sharing saves: (holders - 1) x chunk size, summed over shared chunks
+    shared_chunks_per_lane: tuple[int, ...] = ()  # of each lane's chunks, the shared ones
 
 
 def pool_stats(layout: KVLayout, lanes: Sequence[Lane], cache: ConversationCache) -> PoolStats:
     active = {i for c in cache if c.is_active for i in c.table.chunk_ids}
+    holders = Counter(i for c in cache for i in c.table.chunk_ids) if layout.is_pooled else Counter()
+    shared = {i: n for i, n in holders.items() if n > 1}
     idle = {i for c in cache if not c.is_active for i in c.table.chunk_ids}
     pool = layout.pool
     return PoolStats(
@@ -49,4 +56,9 @@ def pool_stats(layout: KVLayout, lanes: Sequence[Lane], cache: ConversationCache
             layout.num_chunks_in_lane(lane.index, lane.conv.table if lane.conv else None) for lane in lanes
         ),
         chunk_size=pool.chunk_size,
+        num_chunks_shared=len(shared),
+        num_cells_saved=sum(n - 1 for n in shared.values()) * pool.chunk_size,
+        shared_chunks_per_lane=tuple(
+            sum(1 for i in lane.conv.table.chunk_ids if i in shared) if lane.conv else 0 for lane in lanes
+        ),
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from strata.engine.cache import ConversationCache
 from strata.engine.conversation import Sequence
 from strata.step import LaneWork
 
@@ -36,8 +37,9 @@ def build_work(seqs: Iterable[Sequence], prefill_chunk: int) -> tuple[LaneWork, 
     return tuple(work)
 
 
-def commit_work(seqs: Mapping[str, Sequence], work: Iterable[LaneWork]) -> None:
-    """The runner wrote `work`'s cells: each conversation now holds them (and its tokens)."""
+def commit_work(seqs: Mapping[str, Sequence], work: Iterable[LaneWork], cache: ConversationCache) -> None:
+    """The runner wrote `work`'s cells: each conversation now holds them (and its tokens,
+    recorded through the cache so that its prefix index follows)."""
     for w in work:
         seq = seqs[w.request_id]
         conv = seq.conv
@@ -45,5 +47,5 @@ def commit_work(seqs: Mapping[str, Sequence], work: Iterable[LaneWork]) -> None:
         if not seq.is_prefilling:
             assert w.token_ids == (seq.pending,), (w.request_id, w.token_ids, seq.pending)
             seq.pending = None  # fed: its K/V is written
-        conv.token_ids.extend(w.token_ids)
+        cache.extend(conv, w.token_ids)
         conv.table.num_cells = w.num_cells

@@ -105,6 +105,14 @@ def truncate(table: ChunkTable, pool: KVPool, num_cells: int) -> list[CellCopy]:
     return copies
 
 
+def adopt(table: ChunkTable, pool: KVPool, index: int, chunk_id: int) -> None:
+    """Hold `chunk_id` (full, with the same K/V) in place of the table's chunk `index`."""
+    assert (index + 1) * pool.chunk_size <= table.num_cells, "only a full chunk is shared"
+    pool.share([chunk_id])  # first: a pool error leaves the table as it was
+    pool.release([table.chunk_ids[index]])
+    table.chunk_ids[index] = chunk_id
+
+
 def is_writable(table: ChunkTable, pool: KVPool) -> bool:
     """The invariant: the chunk holding the next write position is private."""
     i = table.num_cells // pool.chunk_size

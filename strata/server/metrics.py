@@ -60,6 +60,16 @@ class PoolCollector(Collector):
             "strata_kv_usage_ratio", "held chunks / total chunks", value=snap.usage_ratio
         )
         yield GaugeMetricFamily(
+            "strata_kv_chunks_shared",
+            "chunks held by more than one conversation (shared prefixes), counted once",
+            value=pool.num_chunks_shared,
+        )
+        yield GaugeMetricFamily(
+            "strata_kv_cells_saved",
+            "cells per layer that shared prefixes save: (holders - 1) x chunk size, summed",
+            value=pool.num_cells_saved,
+        )
+        yield GaugeMetricFamily(
             "strata_kv_conversations_parked",
             "idle conversations whose K/V stays in the pool",
             value=pool.num_conversations_parked,

@@ -161,6 +161,7 @@ class Slot(BaseModel):
     n_ctx: int
     conversation_tokens: int = Field(..., description="cells of the lane's conversation")
     chunks_held: int
+    chunks_shared: int = Field(0, description="of the chunks held, those shared with other conversations")
     request_id: str | None = None
     prompt_tokens: int | None = None
     output_tokens: int | None = None

@@ -144,6 +144,7 @@ async def slots(request: Request) -> JSONResponse:
             n_ctx=snap.max_context,
             conversation_tokens=lane.num_cells,
             chunks_held=lane.num_chunks,
+            chunks_shared=lane.num_chunks_shared,
             request_id=lane.request_id,
             prompt_tokens=lane.num_prompt_tokens,
             output_tokens=lane.num_output_tokens,

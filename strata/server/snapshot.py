@@ -24,6 +24,7 @@ class LaneView:
     request_id: str | None
     num_prompt_tokens: int | None
     num_output_tokens: int | None
+    num_chunks_shared: int = 0  # of its chunks, those another conversation holds too (a shared prefix)
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,7 @@ def take_snapshot(engine: Engine) -> EngineSnapshot:
                 request_id=seq.request_id if seq is not None else None,
                 num_prompt_tokens=len(seq.prompt_ids) if seq is not None else None,
                 num_output_tokens=seq.num_output if seq is not None else None,
+                num_chunks_shared=stats.shared_chunks_per_lane[lane.index] if stats.shared_chunks_per_lane else 0,
             )
         )
     return EngineSnapshot(

@@ -114,3 +114,45 @@ def test_branch_equals_cold(engines, first, cut, branch, layout, concurrent):
         run(engine, [first])
         b = run(engine, [prompt])[0]
     assert b == reference(engines, prompt)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(system_len=st.sampled_from([16, 33, 47, 64]), chunk=st.sampled_from([16, 64]),
+       arrival=st.sampled_from(["one by one", "while running", "together"]),
+       questions=st.lists(st.lists(st.integers(3, 40000), min_size=1, max_size=12), min_size=2, max_size=4))
+def test_shared_system_prompt_equals_cold(engines, system_len, chunk, arrival, questions):
+    """Conversations sharing one system prompt (ending on and inside chunk borders) hold its
+    full chunks once: forked from the first one, parked or still running, or computed
+    together and then adopted (engine/dedup.py); each answers token for token as it would
+    alone and cold (no sharing)."""
+    engine = engines(True, chunk, ("cpu",))
+    engine.scheduler.clear_cache()
+    cached_before = engine.scheduler.counters.num_cached_tokens
+    system = [3 + (i * 7919) % 40000 for i in range(system_len)]
+    prompts = [system + q for q in questions]
+    if arrival == "while running":  # the first is still decoding when the others arrive
+        ids = [engine.add_request(prompts[0], GREEDY)]
+        tokens = {ids[0]: []}
+        while not any(c.num_cells > system_len for c in engine.scheduler.cache):
+            for out in engine.step():
+                tokens[out.request_id].extend(out.new_token_ids)
+        ids += [engine.add_request(p, GREEDY) for p in prompts[1:]]
+        tokens.update({i: [] for i in ids[1:]})
+        shared = 0
+        while engine.has_work:
+            for out in engine.step():
+                assert out.error is None and not out.truncated
+                tokens[out.request_id].extend(out.new_token_ids)
+            engine.scheduler.check()
+            shared = max(shared, engine.scheduler.stats().num_chunks_shared)
+        got = [tokens[i] for i in ids]
+    elif arrival == "together":
+        got = run(engine, prompts)
+        shared = engine.scheduler.stats().num_chunks_shared
+    else:
+        got = [run(engine, [p])[0] for p in prompts]
+        shared = engine.scheduler.stats().num_chunks_shared
+    if arrival != "together":
+        assert engine.scheduler.counters.num_cached_tokens - cached_before >= (len(prompts) - 1) * system_len
+    assert shared >= system_len // chunk  # the system prompt's full chunks, held once
+    assert got == [reference(engines, p) for p in prompts]

@@ -1,5 +1,10 @@
 """A state machine over the scheduler: random interleavings, invariants after every step.
 
+Requests share prefixes by chance (a three-token vocabulary), as branches and follow-ups
+of earlier ones, and through a few system prompts whose lengths end on and inside chunk
+borders. After every step `Scheduler.check` also compares the cache's prefix index with
+a brute-force scan.
+
 No model: a fake K/V store records, for every cell the scheduler writes, the whole token
 prefix whose K/V it would hold. After every rule each held conversation must read back
 exactly its own token history from its chunk table; together with the checks on every
@@ -93,6 +98,29 @@ class SchedulerMachine(RuleBasedStateMachine):
         """Long enough that two or three of them fill the pool."""
         n = data.draw(st.integers(self.MAX_CONTEXT // 2, self.MAX_CONTEXT - 1))
         self.submit(data.draw(st.lists(st.sampled_from(VOCAB), min_size=n, max_size=n)))
+
+    def system_prompts(self) -> list[list[int]]:
+        """A few system prompts, ending on a chunk border, one cell either side of it, and two
+        chunks in: several requests that share one of them share its full chunks."""
+        c = self.CHUNK
+        lengths = [c, c - 1, c + 1, 2 * c]
+        return [[VOCAB[(i + k * k) % len(VOCAB)] for k in range(n)] for i, n in enumerate(lengths)]
+
+    @rule(which=st.integers(0, 3), tail=st.lists(st.sampled_from(VOCAB), max_size=6))
+    def shared_system_prompt(self, which, tail):
+        self.submit(self.system_prompts()[which] + tail)
+
+    @rule(which=st.integers(0, 3), tails=st.lists(st.lists(st.sampled_from(VOCAB), max_size=4), min_size=2, max_size=4),
+          seed=st.integers(0, 2**32 - 1), gap=st.integers(1, 3))
+    def system_prompt_burst(self, which, tails, seed, gap):
+        """Requests with one system prompt arriving `gap` steps apart: each later one finds
+        the earlier ones (running or done) holding its prefix."""
+        rng = random.Random(seed)
+        for tail in tails:
+            self.submit(self.system_prompts()[which] + tail)
+            for _ in range(gap):
+                self.one_step(rng, finish_rate=0.3)
+                self.check_all()
 
     @precondition(lambda self: self.histories)
     @rule(data=st.data(), extra=tokens_st)
@@ -321,7 +349,10 @@ class SchedulerMachine(RuleBasedStateMachine):
 
         # sample, commit, and finish some
         sampled = tuple(Sampled(w.request_id, rng.choice(VOCAB), None) for w in plan.work if w.do_sample)
+        adopted = s.counters.num_chunks_adopted
         can_continue = s.commit(plan, StepOutput(sampled))
+        if s.counters.num_chunks_adopted > adopted:
+            event("adopted an identical chunk")  # computed twice at once, now held once
         assert set(can_continue) == {x.request_id for x in sampled}
         for w in plan.work:
             q = self.reqs[w.request_id]
@@ -364,6 +395,13 @@ class SchedulerMachine(RuleBasedStateMachine):
         stats = s.stats()
         assert stats.num_chunks_free + stats.num_chunks_held == stats.num_chunks_total
         assert stats.num_chunks_free == pool.num_free
+        # a shared chunk is counted once; the cells it saves are its extra holders' worth
+        shared = {i: n for i, n in holders.items() if n > 1}
+        assert stats.num_chunks_shared == len(shared)
+        assert stats.num_cells_saved == sum(n - 1 for n in shared.values()) * self.CHUNK
+        assert stats.num_cells_saved == (sum(holders.values()) - len(holders)) * self.CHUNK * self.POOLED
+        if shared:
+            event("shared chunk")
 
     def lanes_and_requests_agree(self):
         s = self.s
@@ -420,6 +458,13 @@ class PooledTinyChunksMachine(SchedulerMachine):
     PREFILL = 3
 
 
+class PooledSharingMachine(SchedulerMachine):
+    """Room and lanes enough that prefixes are shared more often than the pool fills."""
+
+    NUM_LANES = 4
+    NUM_CHUNKS = 16
+
+
 class ReservedMachine(SchedulerMachine):
     POOLED = False
 
@@ -428,5 +473,7 @@ TestPooled = PooledMachine.TestCase
 TestPooled.settings = SETTINGS
 TestPooledTinyChunks = PooledTinyChunksMachine.TestCase
 TestPooledTinyChunks.settings = settings(SETTINGS, max_examples=150)
+TestPooledSharing = PooledSharingMachine.TestCase
+TestPooledSharing.settings = settings(SETTINGS, max_examples=150)
 TestReserved = ReservedMachine.TestCase
 TestReserved.settings = settings(SETTINGS, max_examples=150)

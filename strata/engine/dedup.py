@@ -1,0 +1,44 @@
+"""Identical full chunks computed at once are held once.
+
+A request forks the longest prefix already held when it is admitted, but two requests
+admitted in the same step (or while neither has reached the other's prefix) each
+compute their own K/V for the same tokens. When a step's commit completes a chunk, and
+another held conversation has the same tokens up to that chunk's end (found through the
+cache's prefix index, O(path)), the conversation adopts the other's chunk and frees its
+own: the same as a fork would have shared. Pooled layout only; the chunk a conversation
+writes next is never touched (only chunks completed by this step, which is over).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from strata.engine.cache import ConversationCache
+from strata.engine.conversation import Sequence
+from strata.kv import table as tbl
+from strata.kv.layout import KVLayout
+from strata.step import LaneWork
+
+
+def adopt_identical_chunks(
+    seqs: Mapping[str, Sequence], work: Iterable[LaneWork], cache: ConversationCache, layout: KVLayout
+) -> int:
+    """After `commit_work`: each chunk the step completed gives way to an identical held one.
+    Returns how many chunks were adopted (and freed)."""
+    if not layout.is_pooled:
+        return 0
+    pool, c = layout.pool, layout.chunk_size
+    num_adopted = 0
+    for w in work:
+        seq = seqs.get(w.request_id)
+        if seq is None:
+            continue
+        table = seq.conv.table
+        for i in range(w.start // c, w.num_cells // c):  # chunks this step filled up
+            other = cache.other_holder(seq.conv, (i + 1) * c)
+            if other is None:
+                break  # nobody shares this chunk's tokens, so nobody shares the next one's either
+            if other.table.chunk_ids[i] != table.chunk_ids[i]:
+                tbl.adopt(table, pool, i, other.table.chunk_ids[i])
+                num_adopted += 1
+    return num_adopted
