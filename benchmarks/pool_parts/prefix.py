@@ -39,7 +39,7 @@ CHUNKS = (4096, 1024, 256)
 
 def _caches():
     """The "before" cache (the pre-index algorithm, verbatim) and a cache that never shares."""
-    from strata.engine.cache import ConversationCache, common_prefix_len
+    from strata.engine.cache import ConversationCache, scan_longest_prefix
 
     class _NoIndex:
         def add(self, conv): ...
@@ -58,15 +58,7 @@ def _caches():
             self._index = _NoIndex()
 
         def longest_prefix(self, token_ids):
-            best, best_len = None, 0
-            for conv in self._conversations.values():
-                n = common_prefix_len(conv.token_ids, token_ids)
-                if n == 0:
-                    continue
-                key = (n, not conv.is_active, conv.last_used)
-                if best is None or key > (best_len, not best.is_active, best.last_used):
-                    best, best_len = conv, n
-            return best, best_len
+            return scan_longest_prefix(self._conversations.values(), token_ids)  # the old algorithm
 
     class NoSharingCache(ConversationCache):
         """Never finds a prefix: every conversation prefills (and holds) all of its tokens."""
