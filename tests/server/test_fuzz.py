@@ -3,12 +3,13 @@
 The server is the real one (uvicorn in a thread, the engine thread, the default model in
 bfloat16) with a small context and pool of its own, so prompts stay cheap; generated bodies
 have max_tokens capped at MAX_NEW (and set to it where absent) so no case decodes long.
-Half the positive cases drop
-the fields the server takes only at their neutral value (NEUTRAL_ONLY), so they reach the
-engine instead of ending as a 400. Checks: no 5xx (with a roomy pool and one client, even 503 would be a bug), responses
-conform to the schema where it declares them (status codes, content types, bodies,
-headers). After the run the server is healthy, answers a normal chat, and every chunk of
-its pool is free or parked.
+Half the positive cases drop the fields the server takes only at their neutral value
+(NEUTRAL_ONLY), so they reach the engine instead of ending as a 400.
+
+Checks, valid and invalid bodies alike: no 5xx (one client and a pool of every lane's whole
+context: even a 503 would be a bug), and responses as the schema declares them (status
+codes, content types, bodies, headers); invalid bodies must be refused (4xx). After the
+run the server is healthy, answers a normal chat, and every chunk is free or parked.
 
 Bounded: FUZZ_EXAMPLES cases per route at most (hypothesis stops earlier on small
 schemas); STRATA_FUZZ_EXAMPLES overrides it for a longer local run.
@@ -21,22 +22,23 @@ import os
 import time
 
 import pytest
-import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from schemathesis import GenerationMode
-from schemathesis.checks import not_a_server_error
-from schemathesis.specs.openapi.checks import (
+
+schemathesis = pytest.importorskip("schemathesis", reason="pip install '.[test]'")
+from schemathesis import GenerationMode  # noqa: E402
+from schemathesis.checks import not_a_server_error  # noqa: E402
+from schemathesis.specs.openapi.checks import (  # noqa: E402
     content_type_conformance,
     negative_data_rejection,
     response_headers_conformance,
     response_schema_conformance,
     status_code_conformance,
 )
-from serving import RunningServer, engine_loader, start_server
+from serving import RunningServer, engine_loader, start_server  # noqa: E402
 
-from strata.server.app import create_app
-from strata.server.settings import ServerSettings
+from strata.server.app import create_app  # noqa: E402
+from strata.server.settings import ServerSettings  # noqa: E402
 
 FUZZ_ENGINE = {
     "dtype": "bfloat16",
