@@ -224,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         ["server: evictions / refusals / truncations", f"{s['evictions']:.0f} / {s['refusals']:.0f} / {s['truncations']:.0f}"],
         ["RSS start / warm / end / max (MiB)",
          f"{rss['start_mib']:.0f} / {rss['warm_mib']:.0f} / {rss['end_mib']:.0f} / {rss['max_mib']:.0f}"],
+        ["RSS trend after warm-up (MiB/min)", f"{rss['slope_mib_per_min']:+.1f}"],
         ["last request ended / settled after (s)", f"{run['last_end_s']:.0f} / {run['settle_s']:.1f}"],
     ]
     table += "\n" + print_table("figures", ["", "value"], figures)

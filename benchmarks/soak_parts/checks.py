@@ -100,9 +100,17 @@ def rss_flat(samples: list[dict], duration_s: float, tol_ratio: float, tol_mib: 
 
     warm, end = median_in(duration_s / 3, 2 * duration_s / 3), median_in(2 * duration_s / 3, duration_s + 1)
     limit = warm + max(tol_ratio * warm, tol_mib)
+    # The trend after warm-up (least squares over the last two thirds), reported, not judged:
+    # a run of minutes cannot tell allocator warm-up that will level off from a slow leak.
+    after = [(s["t"], s["rss_mib"]) for s in samples if s["t"] >= duration_s / 3]
+    slope = float("nan")
+    if len(after) >= 3:
+        mt, mr = statistics.fmean(t for t, _ in after), statistics.fmean(r for _, r in after)
+        var = sum((t - mt) ** 2 for t, _ in after)
+        slope = 60 * sum((t - mt) * (r - mr) for t, r in after) / var if var else float("nan")
     return {"start_mib": samples[0]["rss_mib"] if samples else float("nan"), "warm_mib": warm, "end_mib": end,
             "max_mib": max((s["rss_mib"] for s in samples), default=float("nan")),
-            "limit_mib": limit, "ok": end <= limit}
+            "limit_mib": limit, "slope_mib_per_min": slope, "ok": end <= limit}
 
 
 def judge(counts: dict, m: dict[str, float], slots: list[dict], health: int, rss: dict,
