@@ -31,5 +31,5 @@ def plot(samples: list[dict], duration_s: float, path: str, title: str) -> None:
     ax_load.legend(lines, [ln.get_label() for ln in lines], fontsize=8, loc="upper left")
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=75)
     plt.close(fig)
