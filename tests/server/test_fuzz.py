@@ -48,7 +48,7 @@ FUZZ_ENGINE = {
     "kv_chunk": 16,
 }
 MAX_NEW = 4
-FUZZ_EXAMPLES = int(os.environ.get("STRATA_FUZZ_EXAMPLES", "60"))
+FUZZ_EXAMPLES = int(os.environ.get("STRATA_FUZZ_EXAMPLES", "100"))
 
 pytestmark = pytest.mark.fuzz
 
