@@ -2,7 +2,7 @@
 
 The server is the real one (uvicorn in a thread, the engine thread, the default model in
 bfloat16) with a small context and pool of its own, so prompts stay cheap; generated bodies
-have max_tokens capped at MAX_NEW (and set to it where absent) so no case decodes long.
+have max_tokens capped at MAX_NEW (and set to it where absent or null) so no case decodes long.
 Half the positive cases drop the fields the server takes only at their neutral value
 (NEUTRAL_ONLY), so they reach the engine instead of ending as a 400.
 
@@ -77,7 +77,7 @@ NEUTRAL_ONLY = ("n", "best_of", "frequency_penalty", "presence_penalty", "logit_
 
 
 def cap(case, tame: bool) -> None:
-    """max_tokens / max_completion_tokens at most MAX_NEW (set to it where both are absent);
+    """max_tokens / max_completion_tokens at most MAX_NEW (set to it where both are absent or null);
     `tame`: drop the NEUTRAL_ONLY fields."""
     body = case.body
     if isinstance(body, dict) and ("messages" in body or "prompt" in body):
@@ -88,7 +88,9 @@ def cap(case, tame: bool) -> None:
             value = body.get(key)
             if isinstance(value, int) and not isinstance(value, bool) and value > MAX_NEW:
                 body[key] = MAX_NEW
-        if "max_tokens" not in body and "max_completion_tokens" not in body:
+        # Absent or null: "until end-of-sequence or the context is full", up to 128 tokens:
+        # a minute or more on 2 busy cores.
+        if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
             body["max_tokens"] = MAX_NEW
 
 
