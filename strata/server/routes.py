@@ -122,7 +122,9 @@ async def health(request: Request) -> Health:
 
 
 @router.get(
-    "/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}}
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}, 401: ERRORS[401], 403: ERRORS[403]},
 )
 async def metrics(request: Request) -> Response:
     """Prometheus text: requests, tokens, latencies, and the KV pool (after loading)."""
