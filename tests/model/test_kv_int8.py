@@ -66,3 +66,19 @@ def test_a_broken_scale_falls_below_the_bound(engines, prompts, reference, monke
     agree = top1_agreement(engines["int8"], prompts, reference)
     print(f"int8 K/V with a 4x scale: top-1 agreement {agree:.4f}")
     assert agree < MIN_TOP1
+
+
+def test_the_memory_guard_counts_int8_bytes_and_scales(tiny_llama_dir, monkeypatch):
+    import strata.engine.engine as engine_module
+    from strata.kv.storage import kv_bytes_per_cell
+
+    plans = {}
+    for kv in ("bf16", "int8"):
+        monkeypatch.setattr(engine_module, "check_memory", lambda plan, *a, kv=kv: plans.setdefault(kv, plan))
+        e = Engine(EngineConfig(model=tiny_llama_dir, kv=kv, max_context=128, kv_chunk=64, kv_pool_tokens=256),
+                   progress=False)
+        cfg = e.model_config
+        assert plans[kv].kv_bytes == 256 * kv_bytes_per_cell(kv, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
+        assert plans[kv].kv_bytes == e.kv.num_bytes
+    head_dim = e.model_config.head_dim
+    assert plans["int8"].kv_bytes / plans["bf16"].kv_bytes == (head_dim + 2) / (2 * head_dim)
