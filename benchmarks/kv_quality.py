@@ -9,7 +9,10 @@ users run) in one process. Per prompt, `Engine.prompt_logits` gives every positi
 under each arm: the table reports the mean and max |logit difference| over every position
 and vocabulary entry, and top-1 agreement per position; then each prompt is continued
 greedily for `--new` tokens (ignore EOS) under each arm, and the share of continuations
-that are identical token for token. Raw numbers: benchmarks/results/kv_quality.json.
+that are identical token for token. Raw numbers: benchmarks/results/kv_quality.json
+(other arms or --limit: kv_quality-TEST-vs-REF[-firstN].json). In bfloat16 compute f16 and
+f32 K/V store the bf16 values exactly (`--test f32`: no difference at all), so int8 is the
+only K/V dtype whose logits differ.
 """
 
 from __future__ import annotations
@@ -186,7 +189,9 @@ def main() -> None:
           f"{100 * v['identical']:.0f} %"] for k, v in table.items()],
     )
     bpc = {kv: e.kv.bytes_per_cell for kv, e in engines.items()}
-    path = write_json("kv_quality.json", {"args": vars(args), "bytes_per_cell": bpc, "summary": table,
+    name = "kv_quality.json" if arms == ("bf16", "int8") and args.limit is None else (
+        f"kv_quality-{args.test}-vs-{args.ref}{'' if args.limit is None else f'-first{args.limit}'}.json")
+    path = write_json(name, {"args": vars(args), "bytes_per_cell": bpc, "summary": table,
                                           "prompts": rows, "seconds": time.perf_counter() - t0, "table": text})
     print(f"bytes per cell: {bpc}\nraw numbers: {path}")
 
