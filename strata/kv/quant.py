@@ -16,20 +16,22 @@ import torch
 
 SCALE_DTYPE = torch.float16
 QMAX = 127
-_SMALLEST_SCALE = 2.0**-24  # float16's smallest subnormal: a zero scale never divides
 
 
 def quantise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., head_dim] -> (int8 [..., head_dim], float16 scale [...]); x ~ q * scale."""
     xf = x.float()
     scale = (xf.abs().amax(-1) / QMAX).to(SCALE_DTYPE)  # rounded first: q is computed against the stored scale
-    q = (xf / scale.float().clamp_min(_SMALLEST_SCALE).unsqueeze(-1)).round_().clamp_(-QMAX, QMAX)
+    divisor = torch.where(scale > 0, scale.float(), 1.0)  # a zero scale (|x| < 127 x 2^-25): q = 0
+    q = (xf / divisor.unsqueeze(-1)).round_().clamp_(-QMAX, QMAX)
     return q.to(torch.int8), scale
 
 
 def dequantise(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """int8 [..., head_dim] x scale [...] -> [..., head_dim] in `dtype` (float32 products, then rounded)."""
-    return (q.float() * scale.float().unsqueeze(-1)).to(dtype)
+    """int8 [..., head_dim] x scale [...] -> [..., head_dim] in `dtype` (float32 products, then rounded).
+
+    int8 x float32 promotes inside the one multiply: no float32 copy of the int8 values."""
+    return torch.mul(q, scale.float().unsqueeze(-1)).to(dtype)
 
 
 class Int8Cells:
