@@ -32,7 +32,11 @@ proposed with (seed thread #3351), both layouts side by side in one run:
    (see `pool_parts/prefix.py`). `prefix_ttft`: the same with the real model, TTFT of each
    new conversation with and without sharing (`pool_parts/prefix_ttft.py`).
 
-    python benchmarks/pool.py [--quick] [--scale S] [--only move,memory,ttft,decode,prefix,prefix_ttft]
+6. kv_int8: bf16 against int8 K/V: how many conversations of 1K..32K cells a 4 GiB pool
+   holds (from the engines' real bytes per cell), and decode tok/s at two context lengths
+   (real prefills, both K/V dtypes in one process; see `pool_parts/kv_int8.py`).
+
+    python benchmarks/pool.py [--quick] [--scale S] [--only move,memory,ttft,decode,prefix,prefix_ttft,kv_int8]
 
 `--scale S` divides every length and size (contexts, chunk, pool) by S; `--quick` is
 `--scale 16` (unless given) with fewer repetitions and rounds. Before every arm the
@@ -69,6 +73,7 @@ from benchmarks.pool_parts import (
     KIB,
     MIB,
     decode,
+    kv_int8,
     memory,
     move,
     prefix,
@@ -76,9 +81,9 @@ from benchmarks.pool_parts import (
     ttft,
 )
 
-ALL_PARTS = {"move", "memory", "ttft", "decode", "prefix", "prefix_ttft"}
+ALL_PARTS = {"move", "memory", "ttft", "decode", "prefix", "prefix_ttft", "kv_int8"}
 ARMS = {"move": move.arm_move, "capacity": memory.arm_capacity, "ttft": ttft.arm_ttft, "decode": decode.arm_decode,
-        "prefix": prefix.arm_prefix, "prefix_ttft": prefix_ttft.arm_prefix_ttft}
+        "prefix": prefix.arm_prefix, "prefix_ttft": prefix_ttft.arm_prefix_ttft, "kv_int8": kv_int8.arm_kv_int8}
 
 
 # ---- the parent: memory checks, child arms, notes; each part's tables are in benchmarks/pool_parts ----
@@ -172,7 +177,7 @@ def main() -> None:
     p.add_argument("--params", help="(children) the arm's parameters as JSON")
     p.add_argument("--quick", action="store_true", help="scale 16 (unless --scale), fewer repetitions and rounds")
     p.add_argument("--scale", type=int, help="divide every length and size by this (default 1; 16 with --quick)")
-    p.add_argument("--only", default="move,memory,ttft,decode,prefix,prefix_ttft",
+    p.add_argument("--only", default="move,memory,ttft,decode,prefix,prefix_ttft,kv_int8",
                    help="parts to run (move includes idle memory)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     p.add_argument("--reps", type=int, help="moves per length per process (default 7; 3 with --quick)")
@@ -232,6 +237,8 @@ def main() -> None:
         prefix.measure(run)
     if "prefix_ttft" in parts:
         prefix_ttft.measure(run)
+    if "kv_int8" in parts:
+        kv_int8.measure(run)
     if run.busy_starts:
         run.note(f"{run.busy_starts} arm(s) started while other processes kept the CPUs over {args.quiet_cpu:.0f} % "
                  f"busy (after waiting up to {args.quiet_wait:.0f} s): their timings are inflated by contention; "
@@ -246,7 +253,7 @@ def main() -> None:
         except (OSError, ValueError):
             old = None
         if old is not None:
-            for key in ("move", "capacity", "ttft", "decode", "prefix", "prefix_ttft"):
+            for key in ("move", "capacity", "ttft", "decode", "prefix", "prefix_ttft", "kv_int8"):
                 if key not in run.payload and key in old:
                     run.payload[key] = old[key]
             run.payload["tables"] = {**old.get("tables", {}), **run.tables}

@@ -12,7 +12,7 @@ from strata.errors import ConfigError
 from strata.kv.table import chunks_for
 
 DTYPES = ("float32", "bfloat16")
-KV_DTYPES = ("f32", "f16", "bf16")
+KV_DTYPES = ("f32", "f16", "bf16", "int8")
 DEFAULT_KV_CHUNK = 4096
 DEFAULT_PREFILL_CHUNK = 256
 DEFAULT_MEMORY_GUARD_MIB = 512

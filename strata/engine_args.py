@@ -27,7 +27,7 @@ def add_engine_args(
     g.add_argument("--model", "-m", default=None, help="a .gguf file or a Hugging Face directory (default: the embedded SmolLM2-135M-Instruct)")
     g.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="compute dtype of the weights")
     g.add_argument("--weights", choices=WEIGHT_FORMATS, default="auto", help="keep GGUF 4-bit blocks (native) or dequantise (dense)")
-    g.add_argument("--kv", choices=KV_DTYPES, default=None, help="K/V dtype (default: bf16, or f32 with --dtype float32)")
+    g.add_argument("--kv", choices=KV_DTYPES, default=None, help="K/V dtype (default: bf16, or f32 with --dtype float32); int8: int8 with a float16 scale per cell and head")
     g.add_argument("--max-context", type=int, default=None, help="cells per conversation (default: the model's trained length)")
     g.add_argument("--batch", "--slots", dest="batch", type=int, default=default_batch, help="batch slots besides the main session")
     g.add_argument("--kv-chunk", type=int, default=DEFAULT_KV_CHUNK, help="cells per chunk")

@@ -26,7 +26,7 @@ from strata.engine.scheduler import Scheduler
 from strata.errors import ContextLengthExceeded, PoolFullError, RequestError, StepFailed
 from strata.kv.layout import KVLayout, PooledLayout
 from strata.kv.reserve import ReservedLayout
-from strata.kv.storage import KV_TORCH_DTYPES, KVStorage
+from strata.kv.storage import KVStorage, kv_bytes_per_cell
 from strata.kv.table import chunks_for
 from strata.loader import ModelSource, open_model
 from strata.loader.build import TORCH_DTYPES, build_model
@@ -70,8 +70,8 @@ class Engine:
             )
         self.layout = make_layout(config, self.max_context)
         pool = self.layout.pool
-        kv_elem = torch.empty(0, dtype=KV_TORCH_DTYPES[config.kv_dtype]).element_size()
-        kv_bytes = pool.num_cells_total * 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * kv_elem
+        kv_bytes = pool.num_cells_total * kv_bytes_per_cell(config.kv_dtype, cfg.num_layers, cfg.num_kv_heads,
+                                                            cfg.head_dim)
         weight_elem = torch.empty(0, dtype=TORCH_DTYPES[config.dtype]).element_size()
         check_memory(
             MemoryPlan(num_weight_params(cfg) * weight_elem, kv_bytes), config.memory_guard_mib, config.is_pooled

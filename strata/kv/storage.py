@@ -5,6 +5,8 @@ Layout per layer: K and V are each [kv_heads, num_chunks * chunk_size, head_dim]
 [kv_heads, cells, head_dim] ready for a batched matmul). Cell `c` of chunk `i` is
 flat cell `i * chunk_size + c` in every layer. Each layer's tensors live on that
 layer's device (a layer split gives each device its layers' share of every chunk).
+With `--kv int8` each layer's K and V are `Int8Cells` (kv/quant.py): int8 cells plus a
+float16 scale per (head, cell), both with cells on dim 1, both copied by a cell copy.
 """
 
 from __future__ import annotations
@@ -13,9 +15,19 @@ from collections.abc import Sequence
 
 import torch
 
+from strata.kv.quant import SCALE_DTYPE, Int8Cells
 from strata.kv.table import CellCopy
 
-KV_TORCH_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+KV_TORCH_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "int8": torch.int8}
+
+
+def kv_bytes_per_cell(kv_dtype: str, num_layers: int, num_kv_heads: int, head_dim: int) -> int:
+    """K and V of one position in every layer, int8 scales included (the pool's and the memory guard's figure)."""
+    elem = torch.empty(0, dtype=KV_TORCH_DTYPES[kv_dtype]).element_size()
+    per_head = head_dim * elem
+    if kv_dtype == "int8":
+        per_head += torch.empty(0, dtype=SCALE_DTYPE).element_size()
+    return 2 * num_layers * num_kv_heads * per_head
 
 
 class KVStorage:
@@ -32,11 +44,16 @@ class KVStorage:
         self.chunk_size = chunk_size
         self.dtype = KV_TORCH_DTYPES[kv_dtype]
         self.layer_devices = list(layer_devices)
+        self.kv_dtype = kv_dtype
         shape = (num_kv_heads, num_chunks * chunk_size, head_dim)
         # torch.zeros touches every page, so the memory is committed at start.
-        self.k = [torch.zeros(shape, dtype=self.dtype, device=d) for d in self.layer_devices]
-        self.v = [torch.zeros(shape, dtype=self.dtype, device=d) for d in self.layer_devices]
-        self.bytes_per_cell = 2 * len(self.layer_devices) * num_kv_heads * head_dim * self.k[0].element_size()
+        if kv_dtype == "int8":
+            self.k = [Int8Cells.zeros(*shape, device=d) for d in self.layer_devices]
+            self.v = [Int8Cells.zeros(*shape, device=d) for d in self.layer_devices]
+        else:
+            self.k = [torch.zeros(shape, dtype=self.dtype, device=d) for d in self.layer_devices]
+            self.v = [torch.zeros(shape, dtype=self.dtype, device=d) for d in self.layer_devices]
+        self.bytes_per_cell = kv_bytes_per_cell(kv_dtype, len(self.layer_devices), num_kv_heads, head_dim)
 
     @property
     def num_layers(self) -> int:
@@ -50,10 +67,10 @@ class KVStorage:
         """Runs `copies` in every layer; returns the number of bytes copied."""
         if not copies:
             return 0
+        tensors = [t for kv in (*self.k, *self.v) for t in (kv.parts if isinstance(kv, Int8Cells) else (kv,))]
         for src, dst, n in self._runs(copies):
-            for k, v in zip(self.k, self.v):
-                k[:, dst : dst + n].copy_(k[:, src : src + n])
-                v[:, dst : dst + n].copy_(v[:, src : src + n])
+            for t in tensors:  # K and V (and their int8 scales) of every layer: cells on dim 1
+                t[:, dst : dst + n].copy_(t[:, src : src + n])
         return sum(cp.num_cells for cp in copies) * self.bytes_per_cell
 
     def _runs(self, copies: Sequence[CellCopy]) -> list[tuple[int, int, int]]:

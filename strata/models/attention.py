@@ -9,6 +9,10 @@ length groups; each prefill piece attends alone, causally aligned to its last ce
 
 Rows of the step's token batch: the decoding lanes first (one row each, in length
 groups), then each prefill piece's rows in order.
+
+A cache is a tensor [kv_heads, cells, head_dim] in the K/V dtype, or `Int8Cells` (`--kv
+int8`): `_write` quantises on the write, and each read path (`_read`, `_read_strided`)
+dequantises exactly the cells it reads into the compute dtype right before attention.
 """
 
 from __future__ import annotations
@@ -18,6 +22,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
+
+from strata.kv.quant import Int8Cells, strided
+
+Cache = torch.Tensor | Int8Cells
 
 
 @dataclass(frozen=True)
@@ -64,13 +72,13 @@ def attend(
     q: torch.Tensor,  # [tokens, heads, head_dim], already rotated
     k: torch.Tensor,  # [tokens, kv_heads, head_dim], already rotated
     v: torch.Tensor,  # [tokens, kv_heads, head_dim]
-    k_cache: torch.Tensor,  # [kv_heads, cells, head_dim]
-    v_cache: torch.Tensor,  # [kv_heads, cells, head_dim]
+    k_cache: Cache,  # [kv_heads, cells, head_dim]
+    v_cache: Cache,  # [kv_heads, cells, head_dim]
     meta: AttentionMeta,
 ) -> torch.Tensor:
     """Writes the new K/V into the cache, then attends; returns [tokens, heads * head_dim]."""
-    k_cache.index_copy_(1, meta.write_index, k.transpose(0, 1).to(k_cache.dtype))
-    v_cache.index_copy_(1, meta.write_index, v.transpose(0, 1).to(v_cache.dtype))
+    _write(k_cache, meta.write_index, k.transpose(0, 1))
+    _write(v_cache, meta.write_index, v.transpose(0, 1))
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[0]
     out = q.new_empty(num_tokens, num_heads, head_dim)
@@ -82,10 +90,8 @@ def attend(
             qp = q[p.row_start : p.row_end]
             out[p.row_start : p.row_end] = _attend_runs(qp, k_cache, v_cache, p.cell_runs, p.run_masks)
             continue
-        if p.cell_slice is not None:
-            kc, vc = k_cache[:, p.cell_slice], v_cache[:, p.cell_slice]
-        else:
-            kc, vc = k_cache[:, p.cell_index], v_cache[:, p.cell_index]  # gathers (4x index_select's speed)
+        cells = p.cell_slice if p.cell_slice is not None else p.cell_index  # gathers: 4x index_select's speed
+        kc, vc = _read(k_cache, cells, q.dtype), _read(v_cache, cells, q.dtype)
         qp = q[p.row_start : p.row_end].transpose(0, 1).unsqueeze(0)  # [1, heads, rows, dim]
         rows = p.row_end - p.row_start
         # Causal, aligned to the last cell: rows after cached cells see all of those (SDPA
@@ -93,8 +99,8 @@ def attend(
         mask = causal_lower_right(rows, p.num_cells) if 1 < rows < p.num_cells else None
         o = F.scaled_dot_product_attention(
             qp,
-            kc.unsqueeze(0).to(q.dtype),
-            vc.unsqueeze(0).to(q.dtype),
+            kc.unsqueeze(0),
+            vc.unsqueeze(0),
             attn_mask=mask,
             is_causal=rows == p.num_cells and rows > 1,
             enable_gqa=num_heads != num_kv_heads,
@@ -103,7 +109,22 @@ def attend(
     return out.view(num_tokens, num_heads * head_dim)
 
 
-def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, d: DecodeRows) -> torch.Tensor:
+def _write(cache: Cache, index: torch.Tensor, x: torch.Tensor) -> None:
+    """x [kv_heads, len(index), head_dim] into flat cells `index` (quantised for int8)."""
+    if isinstance(cache, Int8Cells):
+        cache.write(index, x)
+    else:
+        cache.index_copy_(1, index, x.to(cache.dtype))
+
+
+def _read(cache: Cache, cells: slice | torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[kv_heads, cells, head_dim] in `dtype`: a view of a slice where the dtypes agree, else a copy."""
+    if isinstance(cache, Int8Cells):
+        return cache.read(cells, dtype)
+    return cache[:, cells].to(dtype)
+
+
+def _decode(q: torch.Tensor, k_cache: Cache, v_cache: Cache, d: DecodeRows) -> torch.Tensor:
     """q [rows, heads, dim] -> [rows, heads, dim], each row over its own lane's cells.
 
     The query heads sharing one K/V head are that head's query rows for SDPA, so K/V is
@@ -115,40 +136,38 @@ def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, d: De
     if d.cell_runs is not None:
         return _attend_runs(q, k_cache, v_cache, d.cell_runs, (None,) * len(d.cell_runs))
     if d.cell_slice is not None:
-        k = k_cache[:, d.cell_slice].unsqueeze(0)  # [1, kvh, cells, dim], a view
-        v = v_cache[:, d.cell_slice].unsqueeze(0)
+        k = _read(k_cache, d.cell_slice, q.dtype).unsqueeze(0)  # [1, kvh, cells, dim], a view
+        v = _read(v_cache, d.cell_slice, q.dtype).unsqueeze(0)
     elif d.cell_strided is not None:
-        k, v = _strided(k_cache, d), _strided(v_cache, d)  # [slots, kvh, cells, dim], views
+        k, v = _read_strided(k_cache, d, q.dtype), _read_strided(v_cache, d, q.dtype)  # [slots, kvh, cells, dim]
         if d.slots is not None:  # slots no row uses get zero queries; their output is dropped
             qg = q.new_zeros(d.cell_strided[2], num_kv_heads, num_heads // num_kv_heads, head_dim)
             qg[d.slots] = q.view(rows, num_kv_heads, -1, head_dim)
-            o = F.scaled_dot_product_attention(qg, k.to(q.dtype), v.to(q.dtype), attn_mask=d.mask)
+            o = F.scaled_dot_product_attention(qg, k, v, attn_mask=d.mask)
             return o[d.slots].reshape(rows, num_heads, head_dim)
     else:
         # Advanced indexing gathers along cells about 4x faster than index_select(1, ...).
-        k = k_cache[:, d.cell_index].view(num_kv_heads, rows, d.max_cells, head_dim).transpose(0, 1)
-        v = v_cache[:, d.cell_index].view(num_kv_heads, rows, d.max_cells, head_dim).transpose(0, 1)
+        k = _read(k_cache, d.cell_index, q.dtype).view(num_kv_heads, rows, d.max_cells, head_dim).transpose(0, 1)
+        v = _read(v_cache, d.cell_index, q.dtype).view(num_kv_heads, rows, d.max_cells, head_dim).transpose(0, 1)
     qg = q.view(rows, num_kv_heads, num_heads // num_kv_heads, head_dim)  # [rows, kvh, group, dim]
-    o = F.scaled_dot_product_attention(qg, k.to(q.dtype), v.to(q.dtype), attn_mask=d.mask)
+    o = F.scaled_dot_product_attention(qg, k, v, attn_mask=d.mask)
     return o.reshape(rows, num_heads, head_dim)
 
 
-def _strided(cache: torch.Tensor, d: DecodeRows) -> torch.Tensor:
-    """[slots, kv_heads, max_cells, dim] view of `cache` [kv_heads, cells, dim]; padding reads
-    other lanes' cells (written or zero, never garbage), which the mask hides."""
+def _read_strided(cache: Cache, d: DecodeRows, dtype: torch.dtype) -> torch.Tensor:
+    """[slots, kv_heads, max_cells, dim] of `cache` [kv_heads, cells, dim] (a view where the
+    dtypes agree); padding reads other lanes' cells (written or zero, never garbage), which
+    the mask hides."""
     first, distance, num_slots = d.cell_strided
-    head_stride, cell_stride, dim_stride = cache.stride()
-    return cache.as_strided(
-        (num_slots, cache.shape[0], d.max_cells, cache.shape[2]),
-        (distance * cell_stride, head_stride, cell_stride, dim_stride),
-        cache.storage_offset() + first * cell_stride,
-    )
+    if isinstance(cache, Int8Cells):
+        return cache.read_strided(first, distance, num_slots, d.max_cells, dtype)
+    return strided(cache, first, distance, num_slots, d.max_cells).to(dtype)
 
 
 def _attend_runs(
     q: torch.Tensor,  # [rows, heads, dim]: one lane's new tokens
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    k_cache: Cache,
+    v_cache: Cache,
     runs: tuple[slice, ...],
     masks: tuple[torch.Tensor | None, ...],  # per run: [rows, run cells] bool, None: all seen
 ) -> torch.Tensor:
@@ -162,8 +181,8 @@ def _attend_runs(
     qg = q.view(rows, num_kv_heads, group, head_dim).permute(1, 2, 0, 3).reshape(1, num_kv_heads, -1, head_dim)
     outs, lses = [], []
     for run, mask in zip(runs, masks):
-        k = k_cache[:, run].unsqueeze(0).to(q.dtype)  # [1, kvh, run cells, dim], a view
-        v = v_cache[:, run].unsqueeze(0).to(q.dtype)
+        k = _read(k_cache, run, q.dtype).unsqueeze(0)  # [1, kvh, run cells, dim], a view
+        v = _read(v_cache, run, q.dtype).unsqueeze(0)
         bias = None
         if mask is not None:
             mask = mask.repeat(group, 1)  # [group * rows, run cells]

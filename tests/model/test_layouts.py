@@ -5,6 +5,11 @@ chunks. Every other arrangement (pooled or reserved, chunk sizes 16/64/4096, sev
 lanes at once with prompts of different lengths, a lane move, a park and restore, a
 branch from an earlier turn, a cpu,cpu layer split, K/V read through a gather, a strided
 view or run by run) must give the same tokens.
+
+Each property also runs with int8 K/V (`--kv int8`, against an int8 reference) on a subset
+of the layouts: pooled and reserved, chunks of 16 and 64, run by run, the cpu,cpu split;
+with moves, parks, branches and shared prefixes as drawn. Every read path dequantises the
+same stored int8 values, so int8 output is as layout-independent as float32's.
 """
 
 from __future__ import annotations
@@ -23,13 +28,17 @@ MAX_CONTEXT = 192
 NEW = 8
 GREEDY = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True)
 
-LAYOUTS = [
+FLOAT_LAYOUTS = [
     (pooled, chunk, devices, "default")
     for pooled in (False, True)
     for chunk in (16, 64, 4096)
     for devices in (("cpu",), ("cpu", "cpu"))
     if devices == ("cpu",) or chunk == 16
 ] + [(True, 16, ("cpu",), "runs")]  # lanes in a few runs of chunks read run by run however short
+INT8_LAYOUTS = [(False, 16, ("cpu",), "default"), (False, 64, ("cpu",), "default"), (True, 16, ("cpu",), "default"),
+                (True, 64, ("cpu",), "default"), (True, 16, ("cpu", "cpu"), "default"), (True, 16, ("cpu",), "runs")]
+# (pooled, chunk, devices, reads, K/V dtype)
+LAYOUTS = [(*layout, "f32") for layout in FLOAT_LAYOUTS] + [(*layout, "int8") for layout in INT8_LAYOUTS]
 
 prompts_st = st.lists(st.integers(3, 40000), min_size=1, max_size=60)
 
@@ -37,12 +46,13 @@ prompts_st = st.lists(st.integers(3, 40000), min_size=1, max_size=60)
 @pytest.fixture(scope="module")
 def engines(tiny_llama_dir):
     @functools.cache
-    def get(pooled: bool, chunk: int, devices: tuple[str, ...], reads: str = "default", batch: int = 3) -> Engine:
+    def get(pooled: bool, chunk: int, devices: tuple[str, ...], reads: str = "default", kv: str = "f32",
+            batch: int = 3) -> Engine:
         # Room for every lane's whole context plus a partial chunk per fork: no pool-full path here.
         per_lane = -(-MAX_CONTEXT // chunk) + 1
         pool = {"kv_pool_tokens": (batch + 1) * per_lane * chunk} if pooled else {}
         cfg = EngineConfig(model=tiny_llama_dir, dtype="float32", max_context=MAX_CONTEXT, kv_chunk=chunk,
-                           batch=batch, prefill_chunk=13, devices=devices, **pool)
+                           batch=batch, prefill_chunk=13, devices=devices, kv=kv, **pool)
         engine = Engine(cfg, progress=False)
         if reads == "runs":
             engine.runner.cells.runs_min_cells = 1
@@ -65,21 +75,21 @@ def run(engine: Engine, prompts: list[list[int]]) -> list[list[int]]:
     return [tokens[i] for i in ids]
 
 
-def reference(engines, prompt: list[int]) -> list[int]:
-    engine = engines(False, 4096, ("cpu",))
+def reference(engines, prompt: list[int], kv: str = "f32") -> list[int]:
+    engine = engines(False, 4096, ("cpu",), kv=kv)
     engine.scheduler.clear_cache()
     return run(engine, [prompt])[0]
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(prompts=st.lists(prompts_st, min_size=1, max_size=4), layout=st.sampled_from(LAYOUTS))
 def test_batched_equals_one_at_a_time(engines, prompts, layout):
     engine = engines(*layout)
     engine.scheduler.clear_cache()
-    assert run(engine, prompts) == [reference(engines, p) for p in prompts]
+    assert run(engine, prompts) == [reference(engines, p, layout[-1]) for p in prompts]
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=32, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(first=prompts_st, follow=st.lists(st.integers(3, 40000), min_size=1, max_size=20),
        layout=st.sampled_from(LAYOUTS), action=st.sampled_from(["stay", "move", "park"]))
 def test_follow_up_after_move_or_park_equals_cold(engines, first, follow, layout, action):
@@ -95,10 +105,10 @@ def test_follow_up_after_move_or_park_equals_cold(engines, first, follow, layout
     prompt = first + out + follow
     got = run(engine, [prompt])[0]
     assert engine.scheduler.counters.num_cached_tokens > 0
-    assert got == reference(engines, prompt)
+    assert got == reference(engines, prompt, layout[-1])
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=32, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(first=st.lists(st.integers(3, 40000), min_size=4, max_size=60), cut=st.floats(0.1, 0.9),
        branch=st.lists(st.integers(3, 40000), min_size=1, max_size=20), layout=st.sampled_from(LAYOUTS),
        concurrent=st.booleans())
@@ -109,23 +119,23 @@ def test_branch_equals_cold(engines, first, cut, branch, layout, concurrent):
     prompt = first[: max(1, int(len(first) * cut))] + branch
     if concurrent:
         a, b = run(engine, [first, prompt])
-        assert a == reference(engines, first)
+        assert a == reference(engines, first, layout[-1])
     else:
         run(engine, [first])
         b = run(engine, [prompt])[0]
-    assert b == reference(engines, prompt)
+    assert b == reference(engines, prompt, layout[-1])
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(system_len=st.sampled_from([16, 33, 47, 64]), chunk=st.sampled_from([16, 64]),
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(system_len=st.sampled_from([16, 33, 47, 64]), chunk=st.sampled_from([16, 64]), kv=st.sampled_from(["f32", "int8"]),
        arrival=st.sampled_from(["one by one", "while running", "together"]),
        questions=st.lists(st.lists(st.integers(3, 40000), min_size=1, max_size=12), min_size=2, max_size=4))
-def test_shared_system_prompt_equals_cold(engines, system_len, chunk, arrival, questions):
+def test_shared_system_prompt_equals_cold(engines, system_len, chunk, kv, arrival, questions):
     """Conversations sharing one system prompt (ending on and inside chunk borders) hold its
     full chunks once: forked from the first one, parked or still running, or computed
     together and then adopted (engine/dedup.py); each answers token for token as it would
     alone and cold (no sharing)."""
-    engine = engines(True, chunk, ("cpu",))
+    engine = engines(True, chunk, ("cpu",), kv=kv)
     engine.scheduler.clear_cache()
     cached_before = engine.scheduler.counters.num_cached_tokens
     system = [3 + (i * 7919) % 40000 for i in range(system_len)]
@@ -155,4 +165,4 @@ def test_shared_system_prompt_equals_cold(engines, system_len, chunk, arrival, q
     if arrival != "together":
         assert engine.scheduler.counters.num_cached_tokens - cached_before >= (len(prompts) - 1) * system_len
     assert shared >= system_len // chunk  # the system prompt's full chunks, held once
-    assert got == [reference(engines, p) for p in prompts]
+    assert got == [reference(engines, p, kv) for p in prompts]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import threading
@@ -32,6 +33,10 @@ POOL_ENGINE = {
     "kv_chunk": 16,
 }
 READY_TIMEOUT_S = 300.0
+# STRATA_TEST_KV=int8 (or f16, ...) runs the shared servers on that K/V dtype: the server suite's
+# K/V tests then check it (e.g. `STRATA_TEST_KV=int8 pytest tests/server/test_pool_http.py`).
+if os.environ.get("STRATA_TEST_KV"):
+    MAIN_ENGINE["kv"] = POOL_ENGINE["kv"] = os.environ["STRATA_TEST_KV"]
 
 
 @dataclass

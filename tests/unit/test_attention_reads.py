@@ -10,6 +10,8 @@ one taken (so a path that silently fell back to another would be noticed), and c
 every output row with the reference: for each lane, its cells found by walking its chunk
 table position by position, and plain softmax(q k^T * scale) v over the positions up to
 the row's own, in float64, query head h reading K/V head h // (heads // kv_heads).
+With int8 K/V (`--kv int8`) the reference quantises the new K/V and dequantises every cell
+with its own code (symmetric int8 per (head, cell), float16 scale = absmax / 127).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from strata.step import LaneWork
+from strata.kv.quant import Int8Cells
 from strata.kv.storage import KVStorage
 from strata.models.attention import AttentionMeta, attend
 from strata.runner.inputs import build_inputs
@@ -61,6 +64,27 @@ class Shape:
 # --- the reference --------------------------------------------------------------------
 
 
+def ref_quantise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., dim] -> (integers in [-127, 127] as float32, float16 scale [...]): symmetric per row."""
+    scale = (x.float().abs().amax(-1) / 127).half()
+    divisor = torch.where(scale > 0, scale.float(), torch.ones_like(scale, dtype=torch.float32))
+    return torch.clamp(torch.round(x.float() / divisor.unsqueeze(-1)), -127, 127), scale
+
+
+def ref_dequantise(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return q.double() * scale.double().unsqueeze(-1)
+
+
+def stored(x: torch.Tensor, kv_dtype: str) -> torch.Tensor:
+    """What reading back `x` [..., dim] after storing it as `kv_dtype` gives, in float64."""
+    if kv_dtype == "int8":
+        return ref_dequantise(*ref_quantise(x))
+    return x.to(KV_DTYPES[kv_dtype]).double()
+
+
+KV_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+
+
 def cell_of(chunk_ids: tuple[int, ...], p: int, chunk_size: int) -> int:
     """Position p of a conversation -> its flat cell: chunk chunk_ids[p // c], cell p % c."""
     return chunk_ids[p // chunk_size] * chunk_size + p % chunk_size
@@ -70,12 +94,12 @@ def reference(shape: Shape, k0: torch.Tensor, v0: torch.Tensor, lanes: list[Lane
               q: list[torch.Tensor], k: list[torch.Tensor], v: list[torch.Tensor]) -> list[torch.Tensor]:
     """Per lane [num_new, heads, head_dim] in float64; k0, v0: the layer before the step."""
     c = shape.chunk_size
-    k_cells, v_cells = k0.clone(), v0.clone()  # in the storage dtype: new K/V rounds as it is stored
+    k_cells, v_cells = k0.double(), v0.double()  # as stored: new K/V rounds (or is quantised) as it is stored
     for lane, kl, vl in zip(lanes, k, v):
         for i in range(lane.num_new):
             cell = cell_of(lane.chunk_ids, lane.start + i, c)
-            k_cells[:, cell] = kl[i].to(k_cells.dtype)
-            v_cells[:, cell] = vl[i].to(v_cells.dtype)
+            k_cells[:, cell] = stored(kl[i], shape.kv_dtype)
+            v_cells[:, cell] = stored(vl[i], shape.kv_dtype)
     kv_head = torch.tensor([h // shape.group for h in range(shape.heads)])  # query head -> its K/V head
     outs = []
     for lane, ql in zip(lanes, q):
@@ -123,9 +147,18 @@ def check(shape: Shape, lanes: list[Lane], seed: int, *, known_storage: bool = T
     assert len(set(held)) == len(held) and max(held) < shape.num_chunks * c, "lanes must not share cells"
     g = torch.Generator().manual_seed(seed)
     storage = KVStorage(shape.num_chunks, c, shape.kv_heads, shape.head_dim, shape.kv_dtype, [CPU, CPU])
+    every = torch.arange(shape.num_chunks * c)
     for t in (*storage.k, *storage.v):
-        t.copy_(torch.randn(t.shape, generator=g))
-    k0, v0 = storage.k[LAYER].clone(), storage.v[LAYER].clone()
+        x = torch.randn(t.shape, generator=g) * (1 + 3 * torch.rand(t.shape[:2] + (1,), generator=g))
+        if isinstance(t, Int8Cells):  # cells of varied magnitude, some all zero
+            x[:, torch.rand(x.shape[1], generator=g) < 0.1] = 0
+            t.write(every, x)
+        else:
+            t.copy_(x)
+    if shape.kv_dtype == "int8":  # the cells before the step, read back with the test's own code
+        k0, v0 = (ref_dequantise(t.data.float(), t.scale) for t in (storage.k[LAYER], storage.v[LAYER]))
+    else:
+        k0, v0 = storage.k[LAYER].double(), storage.v[LAYER].double()
     q = [torch.randn(lane.num_new, shape.heads, shape.head_dim, generator=g) for lane in lanes]
     k = [torch.randn(lane.num_new, shape.kv_heads, shape.head_dim, generator=g) for lane in lanes]
     v = [torch.randn(lane.num_new, shape.kv_heads, shape.head_dim, generator=g) for lane in lanes]
@@ -156,7 +189,7 @@ def check(shape: Shape, lanes: list[Lane], seed: int, *, known_storage: bool = T
 @st.composite
 def shapes(draw, chunk_size=st.integers(1, 8)) -> dict:
     return dict(chunk_size=draw(chunk_size), kv_heads=draw(st.integers(1, 3)), group=draw(st.integers(1, 3)),
-                head_dim=draw(st.sampled_from([4, 8, 16])), kv_dtype=draw(st.sampled_from(["f32", "bf16", "f16"])))
+                head_dim=draw(st.sampled_from([4, 8, 16])), kv_dtype=draw(st.sampled_from(["f32", "bf16", "f16", "int8"])))
 
 
 def chunks_for(num_cells: int, c: int) -> int:
