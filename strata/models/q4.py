@@ -2,7 +2,10 @@
 
 Both formats are 32-value groups of 4-bit codes q: Q4_0 is w = (q - 8) * d, Q4_1 is
 w = q * d + m. Both are w = (q - 8) * scale + zero with scale = d and zero = 0 or
-m + 8 d: the form torch's CPU int4 matmul takes, so no value changes.
+m + 8 d: the form torch's CPU int4 matmul takes. The codes never change; `pack_for_cpu`
+hands scale and zero to the kernel in the compute dtype: float32 compute keeps them as
+loaded (d is float16, m + 8 d is computed in float32), bfloat16 compute rounds them to
+bfloat16's 8-bit mantissa (at most 2^-8 relative; tests/unit/test_q4.py).
 """
 
 from __future__ import annotations
