@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import secrets
+
+
+def new_error_id() -> str:
+    """An id for one failure (`err-` + 12 hex digits): the client gets it, the log repeats it."""
+    return f"err-{secrets.token_hex(6)}"
+
 
 class StrataError(Exception):
     """Base of every error strata raises on purpose."""

@@ -12,7 +12,6 @@ import logging
 import math
 import statistics
 import time
-import uuid
 from collections import deque
 from collections.abc import Sequence
 
@@ -23,7 +22,7 @@ from strata.detok import IncrementalDetokenizer
 from strata.engine.memory import MemoryPlan, check_memory
 from strata.engine.request import RequestOutput, RequestState
 from strata.engine.scheduler import Scheduler
-from strata.errors import ContextLengthExceeded, PoolFullError, RequestError, StepFailed
+from strata.errors import ContextLengthExceeded, PoolFullError, RequestError, StepFailed, new_error_id
 from strata.kv.layout import KVLayout, PooledLayout
 from strata.kv.reserve import ReservedLayout
 from strata.kv.storage import KVStorage, kv_bytes_per_cell
@@ -161,7 +160,7 @@ class Engine:
 
     def _fail_step(self, plan: StepPlan) -> list[RequestOutput]:
         """Ends the requests `plan` carried with a StepFailed naming an id the log repeats."""
-        error_id = f"err-{uuid.uuid4().hex[:12]}"
+        error_id = new_error_id()
         log.exception("step failed (%s): ending requests %s", error_id, ", ".join(plan.request_ids))
         error = StepFailed(error_id)
         return [

@@ -91,8 +91,8 @@ def truncate(table: ChunkTable, pool: KVPool, num_cells: int) -> list[CellCopy]:
     c = pool.chunk_size
     keep = chunks_for(num_cells, c)
     need, tail = num_chunks_to_truncate(table, pool, num_cells), table.chunk_ids[keep:]
-    if need > pool.num_free + pool.num_freed_by_release(tail):  # checked before anything changes
-        raise PoolExhausted(need, pool.num_free + pool.num_freed_by_release(tail))
+    if need and need > (room := pool.num_free + pool.num_freed_by_release(tail)):
+        raise PoolExhausted(need, room)  # checked before anything changes
     pool.release(tail)  # first, so the copy may take a chunk the tail gave back
     del table.chunk_ids[keep:]
     table.num_cells = num_cells

@@ -33,6 +33,11 @@ from strata.errors import PoolFullError, QueueFullError, RequestError, StepFaile
 from strata.server.incidents import incident_id
 
 
+def shorten(text: str, limit: int = 80) -> str:
+    """Client-supplied text quoted in a message, cut to `limit` characters."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 class ModelNotFound(RequestError):
     def __init__(self, requested: str, served: str):
         super().__init__(
@@ -79,9 +84,8 @@ class HostNotAllowed(StrataError):
     code = "invalid_host"
 
     def __init__(self, host: str):
-        shown = host if len(host) <= 80 else host[:77] + "..."
         super().__init__(
-            f"the Host header {shown!r} is not an address this server answers to "
+            f"the Host header {shorten(host)!r} is not an address this server answers to "
             "(start it with --allow-host NAME to accept that name)"
         )
 
@@ -92,9 +96,8 @@ class OriginNotAllowed(StrataError):
     code = "origin_not_allowed"
 
     def __init__(self, origin: str):
-        shown = origin if len(origin) <= 80 else origin[:77] + "..."
         super().__init__(
-            f"requests from the web origin {shown!r} are not allowed "
+            f"requests from the web origin {shorten(origin)!r} are not allowed "
             "(start the server with --allow-origin ORIGIN to allow it)"
         )
 
@@ -254,8 +257,7 @@ def validation_message(errors: list[dict]) -> RequestError:
     for e in errors:
         if _field_loc(tuple(e["loc"])) == loc and e["msg"] not in reasons:
             reasons.append(e["msg"])
-    shown = repr(first.get("input"))
-    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    shown = shorten(repr(first.get("input")))
     return RequestError(f"{param}: {'; or '.join(reasons)} (got {shown})", param=param)
 
 

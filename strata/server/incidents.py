@@ -10,7 +10,8 @@ that saw it holds the id that finds it.
 from __future__ import annotations
 
 import logging
-import secrets
+
+from strata.errors import new_error_id
 
 log = logging.getLogger("strata.server")
 _ATTRIBUTE = "strata_incident_id"
@@ -20,7 +21,7 @@ def incident_id(exc: BaseException, where: str | None = None) -> str:
     existing = getattr(exc, _ATTRIBUTE, None) or getattr(exc, "error_id", None)
     if isinstance(existing, str):
         return existing  # logged already (a StepFailed's id is logged by the engine)
-    error_id = f"err-{secrets.token_hex(6)}"
+    error_id = new_error_id()
     try:
         setattr(exc, _ATTRIBUTE, error_id)
     except AttributeError:

@@ -65,6 +65,16 @@ def reference(tiny_llama_dir):
     return p_out, after_p, alone
 
 
+def engine_after_p(model_dir: str, reference) -> Engine:
+    """A fresh engine that has run P's turn, checked against the reference run."""
+    p_out, after_p, _ = reference
+    engine = make_engine(model_dir)
+    engine.add_request(P, GREEDY, "p")
+    assert tokens(run_all(engine)["p"]) == p_out
+    assert (pool_scan(engine), conversations(engine)) == after_p
+    return engine
+
+
 def fail_on_call(monkeypatch, obj, name: str, when) -> list[int]:
     """Makes `obj.name` raise on the calls for which `when(call number, args)` is true."""
     real = getattr(obj, name)
@@ -82,10 +92,7 @@ def fail_on_call(monkeypatch, obj, name: str, when) -> list[int]:
 
 def test_a_fault_in_the_forward_ends_only_that_steps_requests(tiny_llama_dir, reference, monkeypatch, caplog):
     p_out, after_p, alone = reference
-    engine = make_engine(tiny_llama_dir)
-    engine.add_request(P, GREEDY, "p")
-    assert tokens(run_all(engine)["p"]) == p_out
-    assert (pool_scan(engine), conversations(engine)) == after_p
+    engine = engine_after_p(tiny_llama_dir, reference)
 
     engine.add_request(A, GREEDY, "a")
     engine.add_request(B, GREEDY, "b")
@@ -120,10 +127,7 @@ def test_a_fault_in_the_forward_ends_only_that_steps_requests(tiny_llama_dir, re
 
 def test_a_fault_in_the_copies_keeps_the_source_and_frees_the_branch(tiny_llama_dir, reference, monkeypatch):
     p_out, after_p, alone = reference
-    engine = make_engine(tiny_llama_dir)
-    engine.add_request(P, GREEDY, "p")
-    run_all(engine)
-    assert (pool_scan(engine), conversations(engine)) == after_p
+    engine = engine_after_p(tiny_llama_dir, reference)
 
     engine.add_request(P[:10] + [9], GREEDY, "br")  # a fork: copies P's partial first chunk
     calls = fail_on_call(monkeypatch, engine.kv, "copy_cells", lambda n, args: bool(args[0]))
@@ -143,9 +147,7 @@ def test_a_fault_in_the_copies_keeps_the_source_and_frees_the_branch(tiny_llama_
 
 def test_a_fault_while_extending_a_parked_conversation_keeps_the_turn_it_found(tiny_llama_dir, reference, monkeypatch):
     p_out, after_p, alone = reference
-    engine = make_engine(tiny_llama_dir)
-    engine.add_request(P, GREEDY, "p")
-    run_all(engine)
+    engine = engine_after_p(tiny_llama_dir, reference)
     engine.park(0)
     engine.add_request(P + p_out + [50, 51], GREEDY, "p2")
     fail_on_call(monkeypatch, engine.runner.model, "forward", lambda n, _: n == 1)
