@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from strata.kv.storage import KVStorage
 from strata.models.attention import AttentionMeta, attend
 from strata.models.config import ModelConfig
-from strata.models.layers import Linear, RMSNorm, Rotary, apply_rotary, fused_linear, rope_inv_freq
+from strata.models.head import make_head
+from strata.models.layers import RMSNorm, Rotary, apply_rotary, fused_linear, rope_inv_freq
 
 
 def layer_name(i: int, suffix: str) -> str:
@@ -94,10 +95,18 @@ class LlamaModel:
         head = weights.get("lm_head.weight")
         if head is None:  # tied embeddings
             head = self.embed.to(self.layer_devices[-1])
-        self.lm_head = Linear(head)
-        inv_freq = rope_inv_freq(cfg, weights.get("rope_freqs"))
+        self.lm_head = make_head(head, weight_mode)
+        self.inv_freq = rope_inv_freq(cfg, weights.get("rope_freqs"))  # [head_dim / 2] float32
         self.devices = list(dict.fromkeys(self.layer_devices))
-        self.rotary = {d: Rotary(inv_freq, max_positions, dtype, d) for d in self.devices}
+        self.set_max_positions(max_positions)
+
+    def set_max_positions(self, max_positions: int) -> None:
+        """Rotary tables for positions 0..max_positions-1 on every device."""
+        self.rotary = {d: Rotary(self.inv_freq, max_positions, self.dtype, d) for d in self.devices}
+
+    def __getstate__(self) -> dict:
+        """Pickled without the rotary tables (they depend on --max-context; see loader/prepared.py)."""
+        return {k: v for k, v in self.__dict__.items() if k != "rotary"}
 
     def forward(
         self,

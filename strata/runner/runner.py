@@ -8,7 +8,7 @@ import torch
 
 from strata.kv.storage import KVStorage
 from strata.models.llama import LlamaModel
-from strata.runner.inputs import build_inputs, meta_to
+from strata.runner.inputs import build_inputs
 from strata.runner.reads import ChunkCells
 from strata.sampler import Sampler
 from strata.sampling import SamplingParams
@@ -44,7 +44,7 @@ class ModelRunner:
         if not plan.work:
             return StepOutput(())
         inputs = build_inputs(plan.work, self.cells)
-        metas = {d: meta_to(inputs.meta, d) for d in self.model.devices}
+        metas = {d: inputs.meta.to(d) for d in self.model.devices}
         positions = {d: inputs.positions.to(d, non_blocking=True) for d in self.model.devices}
         logits = self.model.forward(
             inputs.input_ids.to(self.first_device, non_blocking=True),
@@ -65,7 +65,7 @@ class ModelRunner:
         """Float32 logits for every token row of `work` (tests compare them with transformers)."""
         inputs = build_inputs(work, self.cells)
         rows = torch.arange(inputs.input_ids.numel())
-        metas = {d: meta_to(inputs.meta, d) for d in self.model.devices}
+        metas = {d: inputs.meta.to(d) for d in self.model.devices}
         positions = {d: inputs.positions.to(d) for d in self.model.devices}
         return self.model.forward(
             inputs.input_ids.to(self.first_device), positions, metas, self.kv, rows.to(self.last_device)

@@ -124,14 +124,10 @@ def read_paths(meta: AttentionMeta, work: tuple[LaneWork, ...]) -> dict[int, str
         row += len(w.token_ids)
     paths = {}
     for d in meta.decode:  # one row per lane
-        kind = ("runs" if d.cell_runs is not None else "contiguous" if d.cell_slice is not None
-                else "strided" if d.cell_strided is not None else "gathered" if d.cell_index is not None else "?")
         for r in range(d.row_start, d.row_start + d.num_rows):
-            paths[lane_at[r]] = kind
+            paths[lane_at[r]] = d.kind
     for p in meta.prefills:
-        paths[lane_at[p.row_start]] = (
-            "prefill-runs" if p.cell_runs is not None else "prefill-contiguous" if p.cell_slice is not None
-            else "prefill-gathered" if p.cell_index is not None else "?")
+        paths[lane_at[p.row_start]] = p.kind
     assert sorted(paths) == sorted(lane_at.values())
     return paths
 
