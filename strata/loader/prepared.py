@@ -119,12 +119,13 @@ def save(key: str, prepared: PreparedModel) -> None:
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
-        _trim(folder)
+        trim(folder)
     except OSError as exc:
         log.warning("could not write the prepared-model cache in %s (%s)", folder, exc)
 
 
-def _trim(folder: str) -> None:
+def trim(folder: str) -> None:
+    """Deletes all but the `MAX_ENTRIES` entries used last."""
     entries = sorted(glob.glob(os.path.join(folder, "*.pt")), key=os.path.getmtime, reverse=True)
     for old in entries[MAX_ENTRIES:]:
         try:

@@ -31,7 +31,9 @@ class Int8Rows:
     def quantize(weight: torch.Tensor) -> Int8Rows:
         """Per-row symmetric int8 of `weight` [vocab, hidden] (any float dtype)."""
         w = weight.float()
-        scale = w.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / 127
+        # The scale the kernel will use (rounded to the weight's dtype) is the one the codes are
+        # rounded against, so every value is within half a step of q * scale.
+        scale = (w.abs().amax(dim=1) / 127).to(weight.dtype).float().clamp_min(torch.finfo(torch.float32).tiny)
         codes = torch.round(w / scale.unsqueeze(1)).clamp_(-127, 127).to(torch.int8)
         return Int8Rows(codes, scale.to(weight.dtype))
 
