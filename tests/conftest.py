@@ -114,3 +114,17 @@ def make_tiny_model(arch: str, out_dir: str, tokenizer, **overrides) -> str:
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory, smol_tokenizer) -> str:
     return make_tiny_model("llama", str(tmp_path_factory.mktemp("tiny-llama")), smol_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def decode_ops():
+    """The fused CPU decode ops (strata/csrc, built by `make venv`): required under CI on a
+    CPU with AVX2; elsewhere a test that needs them skips."""
+    from strata.models.fused import load_decode_ops
+
+    ops = load_decode_ops()
+    if ops is None:
+        if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+            pytest.skip("this CPU has no AVX2: strata runs torch ops instead of its fused decode ops")
+        missing("strata's fused decode ops (strata/_decode_ops)", "make venv  (pip install --no-build-isolation -e .)")
+    return ops

@@ -41,7 +41,7 @@ class ModelLoad:
     def build(self, max_positions: int, progress: bool) -> LlamaModel:
         if self.cached is not None:
             model = self.cached.model
-            model.set_max_positions(max_positions)
+            model.prepare_runtime(max_positions)
             log.info("model mapped from the prepared-model cache (%s)", self.key)
             return model
         model = build_model(self.source, self.dtype, self.devices, max_positions, self.weights, progress)

@@ -42,7 +42,7 @@ CACHE_ENV = "STRATA_CACHE_DIR"
 FORMAT = 1  # bump when what an entry holds changes shape
 MAX_ENTRIES = 4
 # The modules whose classes an entry pickles: their source is part of the key.
-_PICKLED_MODULES = ("head.py", "layers.py", "llama.py", "config.py", "q4.py", "attention.py")
+_PICKLED_MODULES = ("head.py", "layers.py", "llama.py", "config.py", "q4.py")
 
 
 @dataclass
@@ -78,7 +78,7 @@ def cache_key(path: str, dtype: str, weights: str, devices: Sequence[str]) -> st
 
 
 def load(key: str) -> PreparedModel | None:
-    """The entry `key` mapped back (no rotary tables yet: `set_max_positions`); None if absent
+    """The entry `key` mapped back (no rotary tables or ops yet: `prepare_runtime`); None if absent
     or unreadable."""
     file = os.path.join(cache_dir(), f"{key}.pt")
     if not os.path.isfile(file):

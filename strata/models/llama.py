@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from strata.kv.storage import KVStorage
 from strata.models.attention import AttentionMeta, attend
 from strata.models.config import ModelConfig
+from strata.models.fused import load_decode_ops
 from strata.models.head import make_head
 from strata.models.layers import RMSNorm, Rotary, apply_rotary, fused_linear, rope_inv_freq
 
@@ -56,10 +57,11 @@ class DecoderLayer:
         k_cache: torch.Tensor,  # [kv_heads, cells, head_dim]
         v_cache: torch.Tensor,
         meta: AttentionMeta,
+        ops=None,  # the fused decode ops (models/fused.py), or None: torch ops
     ) -> torch.Tensor:
         cfg = self.cfg
         t = x.shape[0]
-        qkv = self.qkv(self.input_norm(x))
+        qkv = self.qkv(self.input_norm(x, ops))
         q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
         v = v.view(t, cfg.num_kv_heads, cfg.head_dim)
         if self.q_norm is not None:
@@ -68,8 +70,8 @@ class DecoderLayer:
         else:  # q and k side by side: one rotation for both
             qk = apply_rotary(qkv[:, : self.q_size + self.kv_size].view(t, -1, cfg.head_dim), cos, sin)
             q, k = qk[:, : cfg.num_heads], qk[:, cfg.num_heads :]
-        x = x + self.o(attend(q, k, v, k_cache, v_cache, meta))
-        gate, up = self.gate_up(self.post_norm(x)).chunk(2, dim=-1)
+        x, h = self.post_norm.add_and_norm(x, self.o(attend(q, k, v, k_cache, v_cache, meta)), ops)
+        gate, up = self.gate_up(h).chunk(2, dim=-1)
         return x + self.down(F.silu(gate) * up)
 
 
@@ -98,15 +100,17 @@ class LlamaModel:
         self.lm_head = make_head(head, weight_mode)
         self.inv_freq = rope_inv_freq(cfg, weights.get("rope_freqs"))  # [head_dim / 2] float32
         self.devices = list(dict.fromkeys(self.layer_devices))
-        self.set_max_positions(max_positions)
+        self.prepare_runtime(max_positions)
 
-    def set_max_positions(self, max_positions: int) -> None:
-        """Rotary tables for positions 0..max_positions-1 on every device."""
+    def prepare_runtime(self, max_positions: int) -> None:
+        """What is not weights: rotary tables for positions 0..max_positions-1 on every device,
+        and the fused decode ops where every layer is on the CPU (else None: torch ops)."""
         self.rotary = {d: Rotary(self.inv_freq, max_positions, self.dtype, d) for d in self.devices}
+        self.ops = load_decode_ops() if all(d.type == "cpu" for d in self.devices) else None
 
     def __getstate__(self) -> dict:
-        """Pickled without the rotary tables (they depend on --max-context; see loader/prepared.py)."""
-        return {k: v for k, v in self.__dict__.items() if k != "rotary"}
+        """Pickled as weights only (see loader/prepared.py): `prepare_runtime` remakes the rest."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("rotary", "ops")}
 
     def forward(
         self,
@@ -124,6 +128,6 @@ class LlamaModel:
             if x.device != dev:
                 x = x.to(dev, non_blocking=True)
             cos, sin = tables[dev]
-            x = layer(x, cos, sin, kv.k[i], kv.v[i], metas[dev])
-        x = self.norm(x.index_select(0, logits_rows))
+            x = layer(x, cos, sin, kv.k[i], kv.v[i], metas[dev], self.ops)
+        x = self.norm(x.index_select(0, logits_rows), self.ops)
         return self.lm_head(x).float()
