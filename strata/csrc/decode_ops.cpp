@@ -4,6 +4,10 @@
 // dispatch and round trips than in work. These do the same arithmetic in one pass each:
 //   rms_norm(x, w, eps)                    y = x / sqrt(mean(x^2) + eps) * w, float accumulation
 //   add_rms_norm(x, d, w, eps)             x += d (in place), then y = rms_norm(x)
+//   rope_write(qkv, cos, sin, k_cache, v_cache, write_index, heads, kv_heads)
+//       qkv [tokens, (heads + 2 kv_heads) dim]: rotates q and k (rotate-half, cos/sin
+//       [tokens, dim / 2]), writes k and v into cell write_index[t] of the caches
+//       [kv_heads, cells, dim], returns q [tokens, heads, dim]
 //   decode_attention(q, k, v, spans, row_spans, scale)
 //       q [rows, heads, dim] (rows strided, heads and dim contiguous); k, v [kv_heads, cells, dim]; row r attends to the cells of
 //       spans[row_spans[r] : row_spans[r + 1]], each span (first cell, count), in order:
@@ -137,6 +141,45 @@ void attend_one(const T* q, int64_t group, int64_t dim, const T* k, const T* v, 
   }
 }
 
+torch::Tensor rope_write(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor k_cache,
+                         torch::Tensor v_cache, torch::Tensor write_index, int64_t heads, int64_t kv_heads) {
+  const int64_t tokens = qkv.size(0), dim = k_cache.size(2), half = dim / 2;
+  TORCH_CHECK(qkv.size(1) == (heads + 2 * kv_heads) * dim && qkv.stride(1) == 1, "rope_write: qkv shape");
+  TORCH_CHECK(k_cache.stride(2) == 1 && v_cache.stride(2) == 1, "rope_write: cache layout");
+  auto q = torch::empty({tokens, heads, dim}, qkv.options());
+  const int64_t* cells = write_index.data_ptr<int64_t>();
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, qkv.scalar_type(), "rope_write", [&] {
+    const scalar_t* x = qkv.data_ptr<scalar_t>();
+    const scalar_t* c = cos.data_ptr<scalar_t>();
+    const scalar_t* s = sin.data_ptr<scalar_t>();
+    scalar_t* qp = q.data_ptr<scalar_t>();
+    scalar_t* kc = k_cache.data_ptr<scalar_t>();
+    scalar_t* vc = v_cache.data_ptr<scalar_t>();
+    at::parallel_for(0, tokens, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        const scalar_t* xt = x + t * qkv.stride(0);
+        const scalar_t* ct = c + t * cos.stride(0);
+        const scalar_t* st = s + t * sin.stride(0);
+        // Rotate-half on every q and k head: [x1, x2] -> [x1 cos - x2 sin, x2 cos + x1 sin].
+        for (int64_t h = 0; h < heads + kv_heads; ++h) {
+          const scalar_t* in = xt + h * dim;
+          scalar_t* out = h < heads ? qp + (t * heads + h) * dim
+                                    : kc + (h - heads) * k_cache.stride(0) + cells[t] * k_cache.stride(1);
+          for (int64_t i = 0; i < half; ++i) {
+            const float a = to_f(in[i]), b = to_f(in[i + half]), cc = to_f(ct[i]), ss = to_f(st[i]);
+            out[i] = static_cast<scalar_t>(a * cc - b * ss);
+            out[i + half] = static_cast<scalar_t>(b * cc + a * ss);
+          }
+        }
+        const scalar_t* vt = xt + (heads + kv_heads) * dim;
+        for (int64_t h = 0; h < kv_heads; ++h)
+          std::memcpy(vc + h * v_cache.stride(0) + cells[t] * v_cache.stride(1), vt + h * dim, dim * sizeof(scalar_t));
+      }
+    });
+  });
+  return q;
+}
+
 torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor spans,
                                torch::Tensor row_spans, double scale) {
   const int64_t rows = q.size(0), heads = q.size(1), dim = q.size(2);
@@ -171,4 +214,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm);
   m.def("add_rms_norm", &add_rms_norm);
   m.def("decode_attention", &decode_attention);
+  m.def("rope_write", &rope_write);
 }

@@ -48,6 +48,11 @@ def attend(
     """Writes the new K/V into the cache, then attends; returns [tokens, heads * head_dim]."""
     _write(k_cache, meta.write_index, k.transpose(0, 1))
     _write(v_cache, meta.write_index, v.transpose(0, 1))
+    return attend_written(q, k_cache, v_cache, meta)
+
+
+def attend_written(q: torch.Tensor, k_cache: Cache, v_cache: Cache, meta: AttentionMeta) -> torch.Tensor:
+    """`attend` once the step's K/V is in the cache (the fused rope_write put it there)."""
     num_tokens, num_heads, head_dim = q.shape
     if len(meta.decode) == 1 and not meta.prefills:  # the common decode step: no output copy
         return meta.decode[0].attend(q, k_cache, v_cache).reshape(num_tokens, num_heads * head_dim)

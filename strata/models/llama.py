@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from strata.kv.storage import KVStorage
-from strata.models.attention import AttentionMeta, attend
+from strata.models.attention import AttentionMeta, attend, attend_written
 from strata.models.config import ModelConfig
 from strata.models.fused import load_decode_ops
 from strata.models.head import make_head
@@ -60,8 +60,24 @@ class DecoderLayer:
         ops=None,  # the fused decode ops (models/fused.py), or None: torch ops
     ) -> torch.Tensor:
         cfg = self.cfg
-        t = x.shape[0]
         qkv = self.qkv(self.input_norm(x, ops))
+        if (ops is not None and self.q_norm is None and isinstance(k_cache, torch.Tensor)
+                and k_cache.dtype == qkv.dtype and qkv.is_contiguous()):
+            # One pass: q and k rotated, k and v written to their cells (no qk norm, K/V in
+            # the compute dtype; `ops` is set only on the CPU).
+            q = ops.rope_write(qkv, cos.squeeze(1), sin.squeeze(1), k_cache, v_cache, meta.write_index,
+                               cfg.num_heads, cfg.num_kv_heads)
+            a = attend_written(q, k_cache, v_cache, meta)
+        else:
+            a = attend(*self._rotated(qkv, cos, sin), k_cache, v_cache, meta)
+        x, h = self.post_norm.add_and_norm(x, self.o(a), ops)
+        gate, up = self.gate_up(h).chunk(2, dim=-1)
+        return x + self.down(F.silu(gate) * up)
+
+    def _rotated(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """q [t, heads, dim], k and v [t, kv_heads, dim] of the projection, q and k rotated."""
+        cfg = self.cfg
+        t = qkv.shape[0]
         q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
         v = v.view(t, cfg.num_kv_heads, cfg.head_dim)
         if self.q_norm is not None:
@@ -70,9 +86,7 @@ class DecoderLayer:
         else:  # q and k side by side: one rotation for both
             qk = apply_rotary(qkv[:, : self.q_size + self.kv_size].view(t, -1, cfg.head_dim), cos, sin)
             q, k = qk[:, : cfg.num_heads], qk[:, cfg.num_heads :]
-        x, h = self.post_norm.add_and_norm(x, self.o(attend(q, k, v, k_cache, v_cache, meta)), ops)
-        gate, up = self.gate_up(h).chunk(2, dim=-1)
-        return x + self.down(F.silu(gate) * up)
+        return q, k, v
 
 
 class LlamaModel:

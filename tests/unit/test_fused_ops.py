@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from strata.models.fused import FUSED_ENV, fused_enabled, load_decode_ops
-from strata.models.layers import RMSNorm
+from strata.models.layers import RMSNorm, Rotary, apply_rotary
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
@@ -54,6 +54,30 @@ def test_decode_attention_reads_queries_with_a_row_stride(decode_ops):
     got = decode_ops.decode_attention(qk[:, :9], k, k, spans, row_spans, 0.25)
     want = decode_ops.decode_attention(qk[:, :9].contiguous(), k, k, spans, row_spans, 0.25)
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
+def test_rope_write_rotates_q_and_k_and_writes_k_and_v_to_their_cells(decode_ops, dtype, tol):
+    g = torch.Generator().manual_seed(2)
+    heads, kv_heads, dim, tokens = 6, 2, 16, 5
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=g).to(dtype)
+    rotary = Rotary(rope_inv_freq_for(dim), 64, dtype, torch.device("cpu"))
+    cos, sin = rotary.tables(torch.tensor([0, 7, 8, 30, 63]))
+    cells = torch.tensor([3, 11, 12, 40, 0])
+    k_cache, v_cache = torch.zeros(kv_heads, 48, dim, dtype=dtype), torch.zeros(kv_heads, 48, dim, dtype=dtype)
+    q = decode_ops.rope_write(qkv, cos.squeeze(1), sin.squeeze(1), k_cache, v_cache, cells, heads, kv_heads)
+    qk = apply_rotary(qkv[:, : (heads + kv_heads) * dim].view(tokens, -1, dim), cos, sin)
+    torch.testing.assert_close(q, qk[:, :heads], rtol=tol, atol=tol)
+    torch.testing.assert_close(k_cache[:, cells].transpose(0, 1), qk[:, heads:], rtol=tol, atol=tol)
+    v = qkv[:, (heads + kv_heads) * dim :].view(tokens, kv_heads, dim)
+    assert torch.equal(v_cache[:, cells].transpose(0, 1), v)
+    untouched = torch.ones(48, dtype=torch.bool)
+    untouched[cells] = False
+    assert (k_cache[:, untouched] == 0).all() and (v_cache[:, untouched] == 0).all()
+
+
+def rope_inv_freq_for(dim: int) -> torch.Tensor:
+    return 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim))
 
 
 @pytest.mark.parametrize("value,on", [("", True), ("1", True), ("on", True), ("0", False), ("false", False),
