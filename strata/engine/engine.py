@@ -82,7 +82,8 @@ class Engine:
             pool.num_total, pool.chunk_size, cfg.num_kv_heads, cfg.head_dim, config.kv_dtype, self.model.layer_devices
         )
         self.runner = ModelRunner(self.model, self.kv)
-        self.scheduler = Scheduler(self.layout, config.num_lanes, self.max_context, config.prefill_chunk)
+        self.scheduler = Scheduler(self.layout, config.num_lanes, self.max_context, config.prefill_chunk,
+                                   config.prefill_alone)
         self.stop_token_ids = frozenset(cfg.eos_token_ids) | frozenset(self.tokenizer.eos_token_ids)
         self.requests: dict[str, RequestState] = {}
         self._ids = itertools.count()
