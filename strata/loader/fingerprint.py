@@ -11,6 +11,7 @@ at load costs less than the load itself (3.5 s for the default model).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 
@@ -28,8 +29,8 @@ def weight_files(path: str) -> list[str]:
 
 
 def weights_fingerprint(path: str, config: ModelConfig) -> str:
-    """32 hex digits of SHA-256(config, then each weight file's size and bytes)."""
-    h = hashlib.sha256(repr(config).encode())
+    """32 hex digits of SHA-256(config without its name, then each weight file's size and bytes)."""
+    h = hashlib.sha256(repr(dataclasses.replace(config, name="")).encode())  # a copy elsewhere is the same model
     buf = bytearray(READ_BLOCK)
     view = memoryview(buf)
     for f in weight_files(path):
