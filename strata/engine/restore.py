@@ -74,3 +74,14 @@ class Restores:
         if lane is not None:
             lane.conv = conv
         return conv
+
+    def erase(self, lane_index: int) -> int:
+        """Drops the idle conversation in a lane (its chunks go back); returns its cells (0: none)."""
+        lane = self.lanes[lane_index]
+        if lane.is_busy:
+            raise ValueError(f"lane {lane_index} is busy")
+        if lane.conv is None:
+            return 0
+        num_cells = lane.conv.num_cells
+        self._evict((lane.conv,))
+        return num_cells

@@ -114,3 +114,11 @@ def restore_session(engine, path: str, lane: int | None = None) -> SessionRestor
         num_bytes = reader.num_bytes
     return SessionRestored(path, conv.conv_id, conv.lane, conv.num_cells, num_bytes, time.perf_counter() - t0,
                            plan.loses_conversations)
+
+
+def erase_lane(engine, lane: int) -> int:
+    """Drops lane `lane`'s idle conversation; returns the cells it held (llama.cpp's n_erased)."""
+    _check_lane(engine, lane)
+    if engine.scheduler.lanes[lane].is_busy:
+        raise LaneBusy(lane, "erase")
+    return engine.scheduler.erase(lane)

@@ -9,6 +9,8 @@ the `type` and the `Retry-After` header always agree:
 | AuthError | 401 | invalid_request_error (code invalid_api_key) |
 | OriginNotAllowed | 403 | invalid_request_error |
 | ModelNotFound, unknown path | 404 | invalid_request_error / not_found_error |
+| LaneBusy (a slot serving a request) | 409 | invalid_request_error (code slot_busy) |
+| SlotFilesOff (no --slot-save-path) | 501 | invalid_request_error (code not_supported) |
 | BodyTooLarge | 413 | invalid_request_error |
 | UnsupportedMediaType | 415 | invalid_request_error |
 | PoolFullError, QueueFullError, NotReady, TooManyConnections | 503 | unavailable_error |
@@ -29,7 +31,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from strata.errors import PoolFullError, QueueFullError, RequestError, StepFailed, StrataError
+from strata.errors import LaneBusy, PoolFullError, QueueFullError, RequestError, StepFailed, StrataError
 from strata.server.incidents import incident_id
 
 
@@ -122,9 +124,22 @@ class TooManyConnections(StrataError):
         self.retry_after = retry_after
 
 
+class SlotFilesOff(StrataError):
+    """POST /slots/{id}?action=save|restore on a server without --slot-save-path (501)."""
+
+    code = "not_supported"
+
+    def __init__(self) -> None:
+        super().__init__("slot save and restore are off on this server: start it with --slot-save-path DIR")
+
+
 def status_of(exc: BaseException) -> int:
     if isinstance(exc, ModelNotFound):
         return 404
+    if isinstance(exc, LaneBusy):
+        return 409
+    if isinstance(exc, SlotFilesOff):
+        return 501
     if isinstance(exc, (RequestError, HostNotAllowed)):
         return 400
     if isinstance(exc, AuthError):
