@@ -1,22 +1,12 @@
-"""The session file format (README.md "Session files" documents it for users).
+"""The session file format: README.md "Session files" is its one description (byte layout,
+checksums, what a restore checks); this module reads and writes the header, and
+`kv/session.py` streams the records.
 
-    offset 0        magic  b"STRATAKV"                       8 bytes
-    offset 8        format version, u32 little-endian        (FORMAT_VERSION)
-    offset 12       header length L, u32 little-endian
-    offset 16       header: L bytes of UTF-8 JSON (SessionHeader's fields)
-    offset 16 + L   CRC-32 of bytes [0, 16 + L), u32 little-endian
-    then one record per block of `block_cells` positions (the last may be shorter):
-                    payload: n * bytes_per_cell bytes, then its CRC-32 (u32 little-endian)
-
-A record's payload holds positions [i * block_cells, i * block_cells + n), layer by layer:
-for each layer, K then V; each as [kv_heads, n, head_dim] in the K/V dtype, C order, and
-with `int8` each followed by its float16 scales [kv_heads, n]. So the file's size follows
-from the header alone, and a truncated file is refused before any chunk is taken.
-
-Checksums are zlib's CRC-32 (the standard library): 3.8 GB/s on these cores, faster than
-the disk and the cell copies it sits between, and it detects every burst error of up to 32
-bits (any flipped byte) in a record. A faster hash (xxHash) would add a dependency for a
-cost that is not the bottleneck (benchmarks/session.py measures save and restore whole).
+Checksums are zlib's CRC-32 (the standard library), one per record and one over the
+header: 3.8 GB/s on these cores, faster than the disk and the cell copies it sits
+between, and it detects every burst error of up to 32 bits (any flipped byte) in a
+record. A faster hash (xxHash) would add a dependency for a cost that is not the
+bottleneck (benchmarks/session.py measures save and restore whole).
 """
 
 from __future__ import annotations

@@ -121,3 +121,30 @@ def test_a_busy_lane_is_neither_saved_nor_replaced(tiny_llama_dir, tmp_path):
     with pytest.raises(LaneBusy):
         e.restore_session(path, lane=lane)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.strata"]
+
+
+def test_checkpoints_survive_the_file_through_the_python_api(tiny_llama_dir, tmp_path):
+    """Two turns saved with LLM.save_session; after LLM.restore_session in a new LLM, the
+    conversation keeps both turn starts, and a branch from turn 2's start reuses turn 1."""
+    from strata.llm import LLM
+
+    options = dict(dtype="float32", max_context=MAX_CONTEXT, kv_chunk=16, batch=1, kv_pool_tokens=40 * 16)
+    a = LLM(tiny_llama_dir, **options)
+    first = a.generate(TURN1, GREEDY)[0]
+    turn2_start = len(TURN1) + len(first.token_ids) - 1  # the first answer's last token has no K/V yet
+    second = a.generate(TURN1 + list(first.token_ids) + TURN2, GREEDY)[0]
+    assert second.num_cached_tokens == turn2_start
+    path = str(tmp_path / "two-turns.strata")
+    saved = a.save_session(path, second.prompt_token_ids + second.token_ids)
+    with pytest.raises(ValueError):
+        a.save_session(path)
+
+    b = LLM(tiny_llama_dir, **options)
+    restored = b.restore_session(path)
+    assert restored.num_cells == saved.num_cells == len(second.prompt_token_ids) + len(second.token_ids) - 1
+    assert b.engine.scheduler.cache.get(restored.conv_id).checkpoints == [0, turn2_start]
+    branch_prompt = list(second.prompt_token_ids[:turn2_start]) + [900, 901, 902]
+    branch = b.generate(branch_prompt, GREEDY)[0]
+    assert branch.num_cached_tokens == turn2_start
+    cold = LLM(tiny_llama_dir, **options).generate(branch_prompt, GREEDY)[0]
+    assert branch.token_ids == cold.token_ids and cold.num_cached_tokens == 0
