@@ -106,7 +106,7 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         metavar="DIR",
         help="the directory POST /slots/{id}?action=save|restore keeps session files in "
-        "(file names only, confined to DIR); absent, those actions answer 501",
+        "(file names only, confined to DIR); absent, those actions answer 403",
     )
     add_engine_args(s, default_batch=SERVE_DEFAULT_BATCH, default_prefill_chunk=SERVE_DEFAULT_PREFILL_CHUNK)
     s.set_defaults(func=cmd_serve)

@@ -10,7 +10,7 @@ the `type` and the `Retry-After` header always agree:
 | OriginNotAllowed | 403 | invalid_request_error |
 | ModelNotFound, unknown path | 404 | invalid_request_error / not_found_error |
 | LaneBusy (a slot serving a request) | 409 | invalid_request_error (code slot_busy) |
-| SlotFilesOff (no --slot-save-path) | 501 | invalid_request_error (code not_supported) |
+| SlotFilesOff (no --slot-save-path) | 403 | invalid_request_error (code not_supported) |
 | BodyTooLarge | 413 | invalid_request_error |
 | UnsupportedMediaType | 415 | invalid_request_error |
 | PoolFullError, QueueFullError, NotReady, TooManyConnections | 503 | unavailable_error |
@@ -125,7 +125,8 @@ class TooManyConnections(StrataError):
 
 
 class SlotFilesOff(StrataError):
-    """POST /slots/{id}?action=save|restore on a server without --slot-save-path (501)."""
+    """POST /slots/{id}?action=save|restore on a server without --slot-save-path (403: it is
+    refused by configuration, and a 5xx would read as the server's fault)."""
 
     code = "not_supported"
 
@@ -139,7 +140,7 @@ def status_of(exc: BaseException) -> int:
     if isinstance(exc, LaneBusy):
         return 409
     if isinstance(exc, SlotFilesOff):
-        return 501
+        return 403
     if isinstance(exc, (RequestError, HostNotAllowed)):
         return 400
     if isinstance(exc, AuthError):

@@ -53,7 +53,7 @@ class ServerSettings:
     # for subdomains, "*" for any). Normalised here.
     allow_hosts: tuple[str, ...] = ()
     # The one directory POST /slots/{id}?action=save|restore reads and writes session files
-    # in (a real path); None: those actions answer 501.
+    # in (a real path); None: those actions answer 403 not_supported.
     slot_save_path: str | None = None
 
     def __post_init__(self) -> None:

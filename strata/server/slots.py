@@ -4,7 +4,8 @@ The body names a file (`{"filename": "name.bin"}`) inside `--slot-save-path`, an
 else: a name with a path separator, a NUL, `..`, a leading dot (the save's temporary
 files), an absolute path, more than NAME_MAX (255) bytes, or a symlink whose target
 leaves the directory is a 400 `invalid_filename` before anything is read or written.
-Without `--slot-save-path`, save and restore answer 501. The action runs on the engine
+Without `--slot-save-path`, save and restore answer 403 `not_supported` (llama.cpp says
+501; a 5xx would read as the server's fault). The action runs on the engine
 thread between steps; a lane serving a request is a 409 `slot_busy`. Responses carry
 llama.cpp's fields: `id_slot`, `filename`, `n_saved`/`n_written` or `n_restored`/`n_read`,
 `timings` (`save_ms`/`restore_ms`); erase answers `id_slot` and `n_erased`.
@@ -21,6 +22,8 @@ from pydantic import BaseModel, ConfigDict
 from strata.engine.session import erase_lane, restore_session, save_session
 from strata.errors import RequestError
 from strata.server.errors import SlotFilesOff
+from strata.server.responses import ErrorResponse
+from strata.server.routes import ERRORS
 
 NAME_MAX = 255
 
@@ -52,7 +55,14 @@ def confined_path(directory: str, filename: str | None) -> str:
 slots_router = APIRouter()
 
 
-@slots_router.post("/slots/{id_slot}", responses={400: {}, 409: {}, 501: {}})
+SLOT_ERRORS = {
+    **ERRORS,
+    403: {"model": ErrorResponse, "description": "--slot-save-path is not set, or a web origin not allowed"},
+    409: {"model": ErrorResponse, "description": "the slot is serving a request (slot_busy)"},
+}
+
+
+@slots_router.post("/slots/{id_slot}", responses=SLOT_ERRORS)
 async def slot_action(
     id_slot: int, action: Literal["save", "restore", "erase"], request: Request, body: SlotFileRequest | None = None
 ) -> dict:

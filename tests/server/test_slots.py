@@ -74,10 +74,10 @@ def test_names_that_leave_the_directory_are_400_and_touch_nothing(slot_server, s
     assert sorted(os.listdir(slot_dir)) == before
 
 
-def test_without_slot_save_path_save_and_restore_are_501(main_server):
+def test_without_slot_save_path_save_and_restore_are_403(main_server):
     for action in ("save", "restore"):
         r = post(main_server.base_url, 0, action, {"filename": "x.bin"}, main_server.headers)
-        assert r.status_code == 501 and r.json()["error"]["code"] == "not_supported"
+        assert r.status_code == 403 and r.json()["error"]["code"] == "not_supported"
 
 
 def test_saved_slot_restores_in_a_new_serve_process(slot_server, slot_dir, gguf_path):
