@@ -127,3 +127,13 @@ class LaneBusy(RequestError):
     def __init__(self, lane: int, what: str):
         super().__init__(f"slot {lane} is serving a request: {what} it when the request ends",
                          code="slot_busy")
+
+
+class SlotFilesOff(StrataError):
+    """POST /slots/{id}?action=save|restore on a server without --slot-save-path (403: it is
+    refused by configuration, and a 5xx would read as the server's fault)."""
+
+    code = "not_supported"
+
+    def __init__(self) -> None:
+        super().__init__("slot save and restore are off on this server: start it with --slot-save-path DIR")

@@ -154,8 +154,11 @@ class SessionReader:
         for i in range(h.num_records):
             n, start = h.record_cells(i), i * h.block_cells
             payload = buf.payload(n)
-            got = self.file.readinto(payload)
-            crc = self.file.read(CRC.size)
+            try:
+                got = self.file.readinto(payload)
+                crc = self.file.read(CRC.size)
+            except OSError as exc:
+                raise SessionFileError(self.path, f"read failed in record {i} ({exc.strerror or exc})") from exc
             if got != len(payload) or len(crc) != CRC.size:
                 raise SessionFileError(self.path, f"truncated in record {i} (cells {start}..{start + n})")
             if CRC.unpack(crc)[0] != crc32(payload):

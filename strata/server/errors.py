@@ -31,7 +31,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from strata.errors import LaneBusy, PoolFullError, QueueFullError, RequestError, StepFailed, StrataError
+from strata.errors import LaneBusy, PoolFullError, SlotFilesOff, QueueFullError, RequestError, StepFailed, StrataError
 from strata.server.incidents import incident_id
 
 
@@ -122,16 +122,6 @@ class TooManyConnections(StrataError):
             f"retry in {retry_after} s"
         )
         self.retry_after = retry_after
-
-
-class SlotFilesOff(StrataError):
-    """POST /slots/{id}?action=save|restore on a server without --slot-save-path (403: it is
-    refused by configuration, and a 5xx would read as the server's fault)."""
-
-    code = "not_supported"
-
-    def __init__(self) -> None:
-        super().__init__("slot save and restore are off on this server: start it with --slot-save-path DIR")
 
 
 def status_of(exc: BaseException) -> int:

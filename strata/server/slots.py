@@ -20,8 +20,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict
 
 from strata.engine.session import erase_lane, restore_session, save_session
-from strata.errors import RequestError
-from strata.server.errors import SlotFilesOff
+from strata.errors import RequestError, SlotFilesOff
 from strata.server.responses import ErrorResponse
 from strata.server.routes import ERRORS
 
