@@ -1,4 +1,4 @@
-"""The `strata` command: `strata generate` (one shot) and `strata serve` (OpenAI HTTP)."""
+"""The `strata` command: `strata generate` (one shot), `strata serve` (OpenAI HTTP), `strata session`."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import time
 from strata.engine_args import add_engine_args, engine_config
 from strata.errors import ConfigError, RequestError, StrataError
 from strata.server.cli import add_serve_parser
+from strata.session_cli import add_session_parser
 
 MIB = 1 << 20
 SAMPLING_FLAGS = {
@@ -116,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_args(g)
     g.set_defaults(func=cmd_generate)
     add_serve_parser(sub)
+    add_session_parser(sub)
     return p
 
 

@@ -109,3 +109,31 @@ class ChunkNotHeld(PoolError):
             f"{operation} of chunk {chunk_id} {times} time(s), but it has {refcount} holder(s)"
         )
         self.chunk_id = chunk_id
+
+
+class SessionFileError(RequestError):
+    """A session file cannot be restored: unreadable, truncated, corrupt, another version,
+    or made by another model or K/V geometry; the message says which (HTTP 400)."""
+
+    def __init__(self, path: str, why: str, code: str = "invalid_session_file"):
+        super().__init__(f"session file {path}: {why}", code=code)
+        self.why = why
+
+
+class LaneBusy(RequestError):
+    """A lane's conversation is being extended by a request: it cannot be saved, replaced
+    or erased until the request ends (HTTP 409)."""
+
+    def __init__(self, lane: int, what: str):
+        super().__init__(f"slot {lane} is serving a request: {what} it when the request ends",
+                         code="slot_busy")
+
+
+class SlotFilesOff(StrataError):
+    """POST /slots/{id}?action=save|restore on a server without --slot-save-path (403: it is
+    refused by configuration, and a 5xx would read as the server's fault)."""
+
+    code = "not_supported"
+
+    def __init__(self) -> None:
+        super().__init__("slot save and restore are off on this server: start it with --slot-save-path DIR")

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from strata.config import EngineConfig
 from strata.engine.engine import Engine
 from strata.engine.request import Timings
+from strata.engine.session import SessionRestored, SessionSaved
 from strata.sampling import SamplingParams
 
 Prompt = str | Sequence[int]
@@ -86,3 +87,16 @@ class LLM:
             conversations = [conversations]
         prompts = [self.tokenizer.encode_chat(list(c)) for c in conversations]
         return self.generate(prompts, params)
+
+    def save_session(self, path: str, token_ids: Sequence[int] | None = None, lane: int | None = None) -> SessionSaved:
+        """Writes a held conversation to the session file `path`: the one holding the longest
+        prefix of `token_ids` (e.g. a Completion's prompt_token_ids + token_ids: every token
+        but the last sampled one has K/V), or lane `lane`'s. README.md "Session files"."""
+        if (token_ids is None) == (lane is None):
+            raise ValueError("save_session needs token_ids or lane (one of them)")
+        return self.engine.save_session(path, lane=lane, token_ids=token_ids)
+
+    def restore_session(self, path: str, lane: int | None = None) -> SessionRestored:
+        """Holds the conversation of the session file `path` again; the next prompt that
+        extends it prefills only its new tokens. A bad file changes nothing (SessionFileError)."""
+        return self.engine.restore_session(path, lane=lane)

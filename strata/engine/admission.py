@@ -47,6 +47,22 @@ class NoRoom:
     num_chunks_free: int  # free now plus what every idle conversation could give
 
 
+@dataclass(frozen=True)
+class RestorePlan:
+    """Where a restored conversation goes (session files, synthetic K/V) and who gives way."""
+
+    num_cells: int
+    lane: int | None  # None: parked without a lane (pooled only)
+    victims: tuple[Conversation, ...]  # idle conversations evicted to make room
+    displaced: Conversation | None  # the idle conversation in `lane` now
+    is_pooled: bool
+
+    @property
+    def loses_conversations(self) -> bool:
+        """Taking the room evicts someone for good (a displaced one is parked when pooled)."""
+        return bool(self.victims) or (self.displaced is not None and not self.is_pooled)
+
+
 def pick_lane(lanes: list[Lane]) -> Lane | None:
     """An empty lane (lowest index) first, else the idle lane used least recently."""
     for lane in lanes:

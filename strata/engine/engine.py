@@ -22,6 +22,7 @@ from strata.detok import IncrementalDetokenizer
 from strata.engine.memory import MemoryPlan, check_memory
 from strata.engine.request import RequestOutput, RequestState
 from strata.engine.scheduler import Scheduler
+from strata.engine.session import SessionRestored, SessionSaved, restore_session, save_session
 from strata.errors import ContextLengthExceeded, PoolFullError, RequestError, StepFailed, new_error_id
 from strata.kv.layout import KVLayout, PooledLayout
 from strata.kv.reserve import ReservedLayout
@@ -248,3 +249,12 @@ class Engine:
             self.scheduler.commit(plan, StepOutput())
         self.scheduler.abort(request_id)
         return torch.cat(rows)
+
+    # ---- session files ------------------------------------------------------------------
+    def save_session(self, path: str, lane: int | None = None, token_ids: Sequence[int] | None = None) -> SessionSaved:
+        """Writes an idle conversation to a session file (engine/session.py)."""
+        return save_session(self, path, lane, None if token_ids is None else list(token_ids))
+
+    def restore_session(self, path: str, lane: int | None = None) -> SessionRestored:
+        """Holds a session file's conversation again, idle; all or nothing (engine/session.py)."""
+        return restore_session(self, path, lane)

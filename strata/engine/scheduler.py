@@ -30,6 +30,7 @@ from strata.engine.cache import ConversationCache
 from strata.engine.conversation import Conversation, Lane, Sequence
 from strata.engine.dedup import adopt_identical_chunks
 from strata.engine.invariants import check_invariants
+from strata.engine.restore import Restores
 from strata.engine.stats import PoolCounters, PoolStats, pool_stats
 from strata.engine.work import build_work, commit_work
 from strata.kv.layout import KVLayout
@@ -37,7 +38,7 @@ from strata.kv.table import CellCopy
 from strata.step import Admission, Refusal, StepOutput, StepPlan
 
 
-class Scheduler:
+class Scheduler(Restores):
     def __init__(self, layout: KVLayout, num_lanes: int, max_context: int, prefill_chunk: int,
                  prefill_alone: int | None = None):
         self.layout = layout
@@ -228,38 +229,6 @@ class Scheduler:
         copies = self._place(src.conv, dst_lane)
         self.counters.num_cells_copied += sum(c.num_cells for c in copies)
         return copies
-
-    def restore(self, token_ids: list[int], checkpoints: list[int], lane_index: int | None = None) -> Conversation | None:
-        """Hold a conversation whose K/V the caller writes next (session files, synthetic K/V).
-
-        It goes into `lane_index` (displacing an idle conversation), or is parked without a
-        lane (pooled only; reserved picks a lane). Idle conversations give way as for a new
-        request; None when even that leaves no room (nothing is changed then).
-        """
-        n = len(token_ids)
-        assert 0 < n <= self.max_context
-        if lane_index is None and not self.layout.is_pooled:
-            lane = pick_lane(self.lanes)
-            lane_index = None if lane is None else lane.index
-            if lane_index is None:
-                return None
-        if lane_index is not None and self.lanes[lane_index].is_busy:
-            raise ValueError(f"lane {lane_index} is busy")
-        need = self.layout.num_chunks_to_grow_from(0, n)
-        victims = choose_victims(self.cache, self.layout, need - self.layout.pool.num_free)
-        if victims is None:
-            return None
-        self._evict(victims)
-        if lane_index is not None and self.lanes[lane_index].conv is not None:
-            self._displace(self.lanes[lane_index])
-        table = self.layout.new_table(lane_index if lane_index is not None else -1)
-        self.layout.grow(table, n)
-        table.num_cells = n
-        conv = Conversation(self.cache.new_id(), table, list(token_ids), sorted(set(checkpoints)), lane_index)
-        self.cache.add(conv)
-        if lane_index is not None:
-            self.lanes[lane_index].conv = conv
-        return conv
 
     def park(self, lane_index: int) -> None:
         """Take the idle conversation out of its lane, keeping its K/V in the pool.

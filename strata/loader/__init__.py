@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -11,6 +10,7 @@ import torch
 
 from strata.errors import LoaderError
 from strata.loader.default import default_model_path
+from strata.loader.fingerprint import weights_fingerprint
 from strata.models.q4 import Q4Weight
 from strata.loader.tokenizer import Tokenizer
 from strata.models.config import ModelConfig
@@ -28,19 +28,6 @@ class ModelSource:
     fingerprint: str  # names the exact weights (session files check it)
 
 
-def _fingerprint(path: str, config: ModelConfig) -> str:
-    h = hashlib.sha256(repr(config).encode())
-    files = [path] if os.path.isfile(path) else sorted(
-        os.path.join(path, f) for f in os.listdir(path) if f.endswith((".safetensors", ".gguf"))
-    )
-    for f in files:
-        st = os.stat(f)
-        h.update(str(st.st_size).encode())  # the weights, not the file's name
-        with open(f, "rb") as fh:
-            h.update(fh.read(1 << 16))
-    return h.hexdigest()[:16]
-
-
 def open_model(path: str | None = None, keep_q4: bool = False) -> ModelSource:
     """Opens `path` (a .gguf file or a Hugging Face directory); None means the default model.
 
@@ -53,7 +40,7 @@ def open_model(path: str | None = None, keep_q4: bool = False) -> ModelSource:
         config = hf_model_config(path)
         tokenizer = Tokenizer.from_hf_dir(path)
         files = safetensors_files(path)
-        return ModelSource(path, config, tokenizer, len(files), iter_hf_tensors(path), _fingerprint(path, config))
+        return ModelSource(path, config, tokenizer, len(files), iter_hf_tensors(path), weights_fingerprint(path, config))
     if not os.path.exists(path):
         raise LoaderError(f"model not found: {path} (pass a .gguf file or a Hugging Face directory)")
     from strata.loader.gguf_file import (
@@ -69,5 +56,5 @@ def open_model(path: str | None = None, keep_q4: bool = False) -> ModelSource:
     config = gguf_model_config(reader, path, tokenizer.eos_token_ids)
     return ModelSource(
         path, config, tokenizer, len(reader.tensors), iter_gguf_tensors(reader, config, path, keep_q4),
-        _fingerprint(path, config),
+        weights_fingerprint(path, config),
     )

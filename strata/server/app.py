@@ -29,6 +29,7 @@ from strata.server.middleware import (
 )
 from strata.server.origins import OriginPolicy
 from strata.server.routes import ServerState, router
+from strata.server.slots import slots_router
 from strata.server.settings import ServerSettings
 
 DESCRIPTION = f"""OpenAI-compatible API over strata's lanes and shared KV pool.
@@ -73,6 +74,7 @@ def create_app(
     app.state.strata = state
     install_handlers(app)
     app.include_router(router)
+    app.include_router(slots_router)
     # add_middleware wraps: the last added runs first. So a request meets, in order: the
     # counter (every answer is counted), the Host check, the Origin check, CORS (so every
     # answer after it, refusals included, carries CORS headers for an allowed origin, and

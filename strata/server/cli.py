@@ -104,6 +104,13 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
         help="a Host header name to accept besides the addresses bound (*.domain for "
         "subdomains, * for any, e.g. behind a proxy); repeatable or comma-separated",
     )
+    g.add_argument(
+        "--slot-save-path",
+        default=None,
+        metavar="DIR",
+        help="the directory POST /slots/{id}?action=save|restore keeps session files in "
+        "(file names only, confined to DIR); absent, those actions answer 403",
+    )
     add_engine_args(s, default_batch=SERVE_DEFAULT_BATCH, default_prefill_chunk=SERVE_DEFAULT_PREFILL_CHUNK,
                     default_prefill_alone=SERVE_DEFAULT_PREFILL_ALONE)
     s.set_defaults(func=cmd_serve)
@@ -136,6 +143,7 @@ def server_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> Ser
         max_connections=args.max_connections,
         allow_origins=_listed(args.allow_origin),
         allow_hosts=_listed(args.allow_host),
+        slot_save_path=args.slot_save_path,
     )
 
 

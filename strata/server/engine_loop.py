@@ -15,6 +15,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import logging
 import queue
@@ -49,6 +50,14 @@ class _Add:
 @dataclass(frozen=True)
 class _Cancel:
     request_id: str
+
+
+@dataclass(frozen=True)
+class _Call:
+    """Run `fn(engine)` on the engine thread between steps; its result or error goes to `future`."""
+
+    fn: Callable[[Engine], object]
+    future: concurrent.futures.Future
 
 
 _STOP = object()
@@ -135,6 +144,13 @@ class EngineLoop:
         self._inbox.put(_Add(request_id, list(prompt_ids), params, time.perf_counter()))
         return handle
 
+    async def call(self, fn: Callable[[Engine], object]) -> object:
+        """`fn(engine)` on the engine thread between two steps (session files); raises what it raises."""
+        self.check_ready()
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._inbox.put(_Call(fn, future))
+        return await asyncio.wrap_future(future)
+
     def close(self, handle: RequestHandle) -> None:
         if not handle.done:
             handle.done = True
@@ -212,7 +228,13 @@ class EngineLoop:
             except queue.Empty:
                 return commands
 
-    def _apply(self, engine: Engine, command: _Add | _Cancel) -> list[tuple[str, Event]]:
+    def _apply(self, engine: Engine, command: _Add | _Cancel | _Call) -> list[tuple[str, Event]]:
+        if isinstance(command, _Call):
+            try:
+                command.future.set_result(command.fn(engine))
+            except Exception as exc:  # noqa: BLE001 - the caller's to report (a bad file is a 400)
+                command.future.set_exception(exc)
+            return []
         request_id = command.request_id
         if isinstance(command, _Cancel):
             self._pending.discard(request_id)
@@ -306,6 +328,9 @@ class EngineLoop:
                 engine.abort(request_id)
             batch.append((request_id, Failed(error)))
         batch += [(c.request_id, Failed(error)) for c in unread if isinstance(c, _Add)]
+        for c in unread:
+            if isinstance(c, _Call):
+                c.future.set_exception(error)
         self.snapshot = take_snapshot(engine)
         self._post(batch, error)
 

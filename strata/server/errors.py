@@ -9,6 +9,8 @@ the `type` and the `Retry-After` header always agree:
 | AuthError | 401 | invalid_request_error (code invalid_api_key) |
 | OriginNotAllowed | 403 | invalid_request_error |
 | ModelNotFound, unknown path | 404 | invalid_request_error / not_found_error |
+| LaneBusy (a slot serving a request) | 409 | invalid_request_error (code slot_busy) |
+| SlotFilesOff (no --slot-save-path) | 403 | invalid_request_error (code not_supported) |
 | BodyTooLarge | 413 | invalid_request_error |
 | UnsupportedMediaType | 415 | invalid_request_error |
 | PoolFullError, QueueFullError, NotReady, TooManyConnections | 503 | unavailable_error |
@@ -29,7 +31,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from strata.errors import PoolFullError, QueueFullError, RequestError, StepFailed, StrataError
+from strata.errors import LaneBusy, PoolFullError, SlotFilesOff, QueueFullError, RequestError, StepFailed, StrataError
 from strata.server.incidents import incident_id
 
 
@@ -125,6 +127,10 @@ class TooManyConnections(StrataError):
 def status_of(exc: BaseException) -> int:
     if isinstance(exc, ModelNotFound):
         return 404
+    if isinstance(exc, LaneBusy):
+        return 409
+    if isinstance(exc, SlotFilesOff):
+        return 403
     if isinstance(exc, (RequestError, HostNotAllowed)):
         return 400
     if isinstance(exc, AuthError):

@@ -52,8 +52,12 @@ class ServerSettings:
     # Host header names accepted besides the addresses the server listens on ("*.domain"
     # for subdomains, "*" for any). Normalised here.
     allow_hosts: tuple[str, ...] = ()
+    # The one directory POST /slots/{id}?action=save|restore reads and writes session files
+    # in (a real path); None: those actions answer 403 not_supported.
+    slot_save_path: str | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "slot_save_path", check_slot_save_path(self.slot_save_path))
         if not isinstance(self.host, str) or not self.host:
             raise ConfigError(f"--host must be a host name or address, got {self.host!r}")
         _int_in("--port", self.port, 0, 65535)
@@ -117,3 +121,12 @@ def model_id(model: str | None, alias: str | None = None) -> str:
     path = model if model else DEFAULT_FILE
     name = os.path.basename(os.path.normpath(path))
     return name[: -len(".gguf")] if name.lower().endswith(".gguf") else name
+
+
+def check_slot_save_path(path: str | None) -> str | None:
+    """--slot-save-path: an existing directory, held as its real path (None: slot files are off)."""
+    if path is None:
+        return None
+    if not isinstance(path, str) or not path or not os.path.isdir(path):
+        raise ConfigError(f"--slot-save-path must be an existing directory, got {path!r}")
+    return os.path.realpath(path)

@@ -1,0 +1,100 @@
+"""Session files: save and restore time and MB/s against conversation length, next to
+recomputing the prefill of the same tokens (and llama-server's slot save/restore, where
+a llama-server binary is built: benchmarks/serve_parts finds it).
+
+On the default model's K/V geometry (SmolLM2-135M: 30 layers, 3 K/V heads of 64, bf16 =
+22.5 KiB per cell), for conversations of 1K .. 128K cells. The K/V is SYNTHETIC (written
+straight into the pool through the chunk table, `pool_parts/synthetic.py`): a prefill of
+128K tokens takes far too long on 2 cores, and past 8K cells the model is beyond its
+trained length anyway. Every restore is checked against what was saved.
+
+Arms, interleaved round by round at each length (medians over --rounds):
+- save: `Engine.save_session` (stream chunk by chunk, CRC-32 each, write, fsync, rename);
+- restore cold: `Engine.restore_session` after the file's pages were dropped from the
+  page cache (posix_fadvise DONTNEED on the fsynced file): disk to pool;
+- restore warm: the same with the file in the page cache;
+- prefill: a real prefill of the same number of tokens (random ids) on the real model,
+  only up to --prefill-max cells (longer ones are left out: minutes each here);
+- llama-server: not written yet. The script looks for a built binary the way
+  benchmarks/serve_parts does and says whether one was found; none can be built or
+  fetched on these machines, so an arm that drives its /slots save and restore has
+  never run and is left out rather than shipped untested.
+The restore's peak extra RSS (VmHWM, reset before the restore, minus the RSS before) is
+in the table, next to the session's size.
+
+    python benchmarks/session.py [--lengths 1024,4096,...] [--rounds 3] [--threads 1] [--prefill-max 4096]
+
+Writes benchmarks/results/session.json and session.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.common import RESULTS_DIR, print_table, wait_for_quiet, write_json  # noqa: E402
+from benchmarks.serve_parts.servers import find_llama_server  # noqa: E402
+from benchmarks.session_parts.arms import SessionArms  # noqa: E402
+from benchmarks.session_parts.plot import plot  # noqa: E402
+
+MIB = 1 << 20
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--lengths", default="1024,4096,16384,32768,65536,131072")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: copies do not wait on a busy core)")
+    ap.add_argument("--chunk", type=int, default=4096)
+    ap.add_argument("--prefill-max", type=int, default=4096, help="longest real prefill measured")
+    ap.add_argument("--dir", default=None, help="where the session files go (default: a temporary directory)")
+    args = ap.parse_args()
+    lengths = [int(x) for x in args.lengths.split(",")]
+    llama = find_llama_server()
+    quiet = wait_for_quiet(60)
+    with tempfile.TemporaryDirectory(dir=args.dir) as work:
+        arms = SessionArms(max(lengths), args.chunk, args.threads, work)
+        rows = {n: {"save": [], "restore_cold": [], "restore_warm": [], "prefill": []} for n in lengths}
+        for r in range(args.rounds):
+            for n in lengths:
+                res = arms.round(n, prefill=n <= args.prefill_max)
+                for k, v in res.items():
+                    rows[n][k].append(v)
+                print(f"  round {r + 1}/{args.rounds} {n} cells: save {res['save']['s']:.3f} s, restore cold "
+                      f"{res['restore_cold']['s']:.3f} s", file=sys.stderr)
+    table, summary = [], {}
+    for n in lengths:
+        med = {k: {f: statistics.median(x[f] for x in v) for f in v[0]} if v else None for k, v in rows[n].items()}
+        summary[n] = med
+        size = med["save"]["bytes"]
+        prefill = med["prefill"]["s"] if med["prefill"] else None
+        table.append([
+            n, size / MIB, med["save"]["s"] * 1e3, size / MIB / med["save"]["s"],
+            med["restore_cold"]["s"] * 1e3, size / MIB / med["restore_cold"]["s"],
+            med["restore_warm"]["s"] * 1e3, med["restore_cold"]["peak_extra_bytes"] / MIB,
+            "not measured" if prefill is None else prefill * 1e3,
+            "-" if prefill is None else prefill / med["restore_cold"]["s"],
+        ])
+    cols = ["cells", "file MiB", "save ms", "save MB/s", "restore cold ms", "restore MB/s", "restore warm ms",
+            "restore peak extra RSS MiB", "prefill ms", "prefill / restore"]
+    text = print_table("Session files (synthetic K/V, SmolLM2-135M geometry, bf16; medians)", cols, table)
+    note = (f"llama-server: found at {llama}, but this script has no arm that drives it yet" if llama else
+            "llama-server: not found (benchmarks/serve_parts looks for /tmp/llamacpp/**/build/bin/llama-server); "
+            "no llama-server arm was run")
+    print(note)
+    path = write_json("session.json", {"args": vars(args), "host": quiet, "table": text, "note": note,
+                                       "rounds": {str(n): rows[n] for n in lengths},
+                                       "medians": {str(n): summary[n] for n in lengths}})
+    png = os.path.join(RESULTS_DIR, "session.png")
+    plot(summary, lengths, png)
+    print(f"wrote {path} and {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""Session files: a conversation's K/V streamed between pool chunks and a file, one record
+(`block_cells` positions) at a time; the format is in `kv/session_format.py`.
+
+Memory: one `RecordBuffer` (block_cells x bytes_per_cell, host memory) is the only copy
+of K/V outside the pool at any time, whatever the conversation's length; the file is
+read with `readinto` (the page cache is not this process's memory).
+
+Writes go to a temporary name in the same directory, are fsynced, then renamed over the
+real name (and the directory fsynced), so a crash never leaves a half file under it.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from strata.errors import SessionFileError
+from strata.kv.quant import SCALE_DTYPE, Int8Cells
+from strata.kv.session_format import CRC, KVGeometry, SessionHeader, crc32, read_header
+from strata.kv.storage import KV_TORCH_DTYPES, KVStorage
+
+
+def storage_geometry(storage: KVStorage) -> KVGeometry:
+    heads, _, head_dim = storage.k[0].shape
+    return KVGeometry(storage.num_layers, heads, head_dim, storage.kv_dtype)
+
+
+def layer_parts(storage: KVStorage) -> list[list[torch.Tensor]]:
+    """Per layer, the tensors a record holds in file order: K's parts, then V's (cells on dim 1)."""
+    def parts(t):
+        return list(t.parts) if isinstance(t, Int8Cells) else [t]
+    return [parts(k) + parts(v) for k, v in zip(storage.k, storage.v)]
+
+
+class RecordBuffer:
+    """Host memory for one record's payload, with per-layer tensor views into it."""
+
+    def __init__(self, geometry: KVGeometry, block_cells: int):
+        self.geometry = geometry
+        self.data = torch.empty(block_cells * geometry.bytes_per_cell, dtype=torch.uint8)
+        self._bytes = memoryview(self.data.numpy())
+
+    def payload(self, num_cells: int) -> memoryview:
+        return self._bytes[: num_cells * self.geometry.bytes_per_cell]
+
+    def views(self, num_cells: int) -> list[list[torch.Tensor]]:
+        """Per layer: K data [heads, n, head_dim] (+ scale [heads, n]), then V's, over the buffer."""
+        g, n = self.geometry, num_cells
+        shapes = [((g.num_kv_heads, n, g.head_dim), KV_TORCH_DTYPES[g.kv_dtype])]
+        if g.kv_dtype == "int8":
+            shapes.append(((g.num_kv_heads, n), SCALE_DTYPE))
+        out, offset = [], 0
+        for _ in range(g.num_layers):
+            layer = []
+            for _kv in range(2):
+                for (shape, dtype), per_cell in zip(shapes, g.part_bytes):
+                    size = n * per_cell
+                    layer.append(self.data[offset : offset + size].view(dtype).view(shape))
+                    offset += size
+            out.append(layer)
+        return out
+
+
+def cell_runs(chunk_ids: Sequence[int], chunk_size: int, start: int, num_cells: int) -> list[tuple[int, int, int]]:
+    """(flat cell, offset in the record, cells) for positions [start, start + num_cells) of a table."""
+    runs, p, end = [], start, start + num_cells
+    while p < end:
+        n = min(chunk_size - p % chunk_size, end - p)
+        runs.append((chunk_ids[p // chunk_size] * chunk_size + p % chunk_size, p - start, n))
+        p += n
+    return runs
+
+
+def save_cells(path: str, header: SessionHeader, storage: KVStorage, chunk_ids: Sequence[int]) -> int:
+    """Writes `header` and the K/V of its cells (positions 0.. of `chunk_ids`); returns bytes written."""
+    head = header.encode()
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(head)
+            buf, parts = RecordBuffer(header.geometry, header.block_cells), layer_parts(storage)
+            for i in range(header.num_records):
+                n = header.record_cells(i)
+                views = buf.views(n)
+                for flat, offset, length in cell_runs(chunk_ids, storage.chunk_size, i * header.block_cells, n):
+                    for src_layer, dst_layer in zip(parts, views):
+                        for src, dst in zip(src_layer, dst_layer):
+                            dst[:, offset : offset + length].copy_(src[:, flat : flat + length])
+                payload = buf.payload(n)
+                f.write(payload)
+                f.write(CRC.pack(crc32(payload)))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # the rename itself survives a crash
+    finally:
+        os.close(dir_fd)
+    return header.file_size(len(head))
+
+
+@dataclass
+class SessionReader:
+    """An open session file whose header is read and whose size matches it."""
+
+    path: str
+    file: object
+    header: SessionHeader
+    header_bytes: int
+
+    @classmethod
+    def open(cls, path: str) -> SessionReader:
+        try:
+            f = open(path, "rb", buffering=0)  # noqa: SIM115 - closed by close()
+        except OSError as exc:
+            raise SessionFileError(path, f"cannot be read ({exc.strerror or exc})") from exc
+        try:
+            header, header_bytes = read_header(f, path)
+            size, expected = os.fstat(f.fileno()).st_size, header.file_size(header_bytes)
+            if size != expected:
+                raise SessionFileError(path, f"{size} bytes where its header says {expected} (truncated or extended)")
+        except BaseException:
+            f.close()
+            raise
+        return cls(path, f, header, header_bytes)
+
+    def close(self) -> None:
+        self.file.close()
+
+    def __enter__(self) -> SessionReader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def num_bytes(self) -> int:
+        return self.header.file_size(self.header_bytes)
+
+    def records(self, buf: RecordBuffer) -> Iterator[tuple[int, int]]:
+        """Reads each record into `buf` and checks its CRC; yields (first position, cells)."""
+        h = self.header
+        self.file.seek(self.header_bytes)
+        for i in range(h.num_records):
+            n, start = h.record_cells(i), i * h.block_cells
+            payload = buf.payload(n)
+            try:
+                got = self.file.readinto(payload)
+                crc = self.file.read(CRC.size)
+            except OSError as exc:
+                raise SessionFileError(self.path, f"read failed in record {i} ({exc.strerror or exc})") from exc
+            if got != len(payload) or len(crc) != CRC.size:
+                raise SessionFileError(self.path, f"truncated in record {i} (cells {start}..{start + n})")
+            if CRC.unpack(crc)[0] != crc32(payload):
+                raise SessionFileError(self.path, f"record {i} (cells {start}..{start + n}): checksum mismatch")
+            yield start, n
+
+    def verify(self) -> None:
+        for _ in self.records(RecordBuffer(self.header.geometry, self.header.block_cells)):
+            pass
+
+    def restore_cells(self, storage: KVStorage, chunk_ids: Sequence[int]) -> None:
+        """Streams every record into the cells of `chunk_ids` (position p -> its chunk's cell)."""
+        buf, parts = RecordBuffer(self.header.geometry, self.header.block_cells), layer_parts(storage)
+        for start, n in self.records(buf):
+            views = buf.views(n)
+            for flat, offset, length in cell_runs(chunk_ids, storage.chunk_size, start, n):
+                for dst_layer, src_layer in zip(parts, views):
+                    for dst, src in zip(dst_layer, src_layer):
+                        dst[:, flat : flat + length].copy_(src[:, offset : offset + length])
+
+
+def check_compatible(header: SessionHeader, path: str, fingerprint: str, geometry: KVGeometry) -> None:
+    """SessionFileError (code session_mismatch) unless the file was made by this model and K/V geometry."""
+    if header.fingerprint != fingerprint:
+        raise SessionFileError(path, f"made by another model (fingerprint {header.fingerprint}, this model "
+                                     f"is {fingerprint})", code="session_mismatch")
+    if header.geometry != geometry:
+        raise SessionFileError(path, f"K/V geometry {header.geometry} does not match this engine's {geometry}",
+                               code="session_mismatch")

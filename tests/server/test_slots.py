@@ -1,0 +1,132 @@
+"""POST /slots/{id}?action=save|restore|erase (llama.cpp's shape), confined to --slot-save-path.
+
+A session saved by one server restores in a new `strata serve` process (its own Python),
+and the next request that extends it reports every restored cell as `cached_tokens`.
+Every name that could leave the directory is a 400 that writes and reads nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from serving import engine_loader, start_server
+
+from strata.kv.session_format import read_header
+from strata.server.settings import ServerSettings
+
+ENGINE = {"dtype": "bfloat16", "max_context": 512, "batch": 1, "kv_pool_tokens": 1024, "kv_chunk": 16}
+PROMPT = list(range(1000, 1040))
+
+
+@pytest.fixture(scope="module")
+def slot_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("slots")
+
+
+@pytest.fixture(scope="module")
+def slot_server(gguf_path, slot_dir):
+    running = start_server(ServerSettings(slot_save_path=str(slot_dir)), engine_loader(gguf_path, **ENGINE))
+    yield running
+    running.stop()
+
+
+def post(base_url: str, slot: int, action: str, body: dict | None, headers=None) -> httpx.Response:
+    return httpx.post(f"{base_url}/slots/{slot}", params={"action": action}, json=body, headers=headers, timeout=120)
+
+
+def complete(base_url: str, prompt: list[int], max_tokens: int) -> dict:
+    r = httpx.post(f"{base_url}/v1/completions", json={"model": "smol", "prompt": prompt, "max_tokens": max_tokens,
+                                                        "temperature": 0}, timeout=300)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+BAD_NAMES = ["a/b", "../escape.bin", "..", ".", "/tmp/absolute.bin", "back\\slash", ".hidden", "x" * 256,
+             "nul\0.bin", "", "out-link", "x..y"]
+
+
+def test_names_that_leave_the_directory_are_400_and_touch_nothing(slot_server, slot_dir, tmp_path):
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"keep")
+    os.symlink(outside, slot_dir / "out-link")
+    complete(slot_server.base_url, PROMPT, 4)  # slot 0 holds a conversation to save
+    before = sorted(os.listdir(slot_dir))
+    for name in BAD_NAMES:
+        for action in ("save", "restore"):
+            r = post(slot_server.base_url, 0, action, {"filename": name})
+            assert r.status_code == 400, (name, action, r.text)
+            assert r.json()["error"]["code"] == "invalid_filename", name
+    assert sorted(os.listdir(slot_dir)) == before and outside.read_bytes() == b"keep"
+    assert not os.path.exists("/tmp/absolute.bin") and not (slot_dir.parent / "escape.bin").exists()
+    os.unlink(slot_dir / "out-link")
+    before.remove("out-link")
+    for body in (None, {"filename": "ok.bin", "path": "/tmp"}):  # no name; an unknown field
+        assert post(slot_server.base_url, 0, "save", body).status_code == 400
+    assert post(slot_server.base_url, 0, "fly", {"filename": "ok.bin"}).status_code == 400
+    assert post(slot_server.base_url, 7, "save", {"filename": "ok.bin"}).json()["error"]["code"] == "invalid_slot"
+    r = post(slot_server.base_url, 0, "restore", {"filename": "absent.bin"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_session_file"
+    assert sorted(os.listdir(slot_dir)) == before
+
+
+def test_without_slot_save_path_save_and_restore_are_403(main_server):
+    for action in ("save", "restore"):
+        r = post(main_server.base_url, 0, action, {"filename": "x.bin"}, main_server.headers)
+        assert r.status_code == 403 and r.json()["error"]["code"] == "not_supported"
+
+
+def test_saved_slot_restores_in_a_new_serve_process(slot_server, slot_dir, gguf_path):
+    complete(slot_server.base_url, PROMPT, 8)
+    r = post(slot_server.base_url, 0, "save", {"filename": "turn1.bin"})
+    assert r.status_code == 200, r.text
+    saved = r.json()
+    assert saved["id_slot"] == 0 and saved["filename"] == "turn1.bin" and "save_ms" in saved["timings"]
+    assert saved["n_written"] == os.path.getsize(slot_dir / "turn1.bin")
+    with open(slot_dir / "turn1.bin", "rb") as f:
+        history = read_header(f, "turn1.bin")[0].token_ids
+    assert saved["n_saved"] == len(history) and history[: len(PROMPT)] == PROMPT
+
+    port = free_port()
+    args = ["serve", "--port", str(port), "--slot-save-path", str(slot_dir), "--model", gguf_path, "--dtype", "bfloat16",
+            "--max-context", "512", "--model-alias", "smol", "--batch", "1", "--kv-pool-tokens", "1024", "--kv-chunk", "16"]
+    proc = subprocess.Popen([sys.executable, "-m", "strata.cli", *args], stderr=subprocess.PIPE, text=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_healthy(base, proc)
+        r = post(base, 1, "restore", {"filename": "turn1.bin"})
+        assert r.status_code == 200, r.text
+        assert (r.json()["n_restored"], r.json()["n_read"]) == (saved["n_saved"], saved["n_written"])
+        slots = httpx.get(f"{base}/slots").json()
+        assert slots[1]["state"] == "idle" and slots[1]["conversation_tokens"] == len(history)
+        out = complete(base, history + [2000, 2001, 2002], 4)
+        assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == len(history)
+        assert post(base, 1, "erase", None).json() == {"id_slot": 1, "n_erased": len(history) + 3 + 3}
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(base: str, proc: subprocess.Popen, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read()
+        try:
+            if httpx.get(f"{base}/health", timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError("the second server did not become healthy")
