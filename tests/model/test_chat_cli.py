@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import sys
 
 import pytest
@@ -30,6 +31,7 @@ class Chat:
         env = {**os.environ, "TERM": "dumb", "PYTHONPATH": ROOT}
         self.child = pexpect.spawn(sys.executable, args, env=env, encoding="utf-8", timeout=300)
         self.child.expect("you> ")
+        self.startup = self.child.before
 
     def ask(self, line: str) -> tuple[str, tuple[int, int, int, int]]:
         """Sends `line`; returns the answer's text and its footer's (prompt, cached, new, answer)."""
@@ -57,6 +59,7 @@ def greedy(llm: LLM, messages: list[dict]) -> str:
 
 def test_chat_turns_cache_regenerate_branch_stop_system(gguf_path, offline):
     chat = Chat(gguf_path)
+    assert "loading weights" in chat.startup  # the load's progress bar, on a terminal
     tok = offline.tokenizer
     q1, q2, q3 = "What is the capital of France?", "And of Italy?", "And of Spain?"
     a1, (p1, c1, n1, _) = chat.ask(q1)
@@ -110,3 +113,15 @@ def test_chat_turns_cache_regenerate_branch_stop_system(gguf_path, offline):
     chat.child.expect(pexpect.EOF)
     chat.child.close()
     assert chat.child.exitstatus == 0
+
+
+def test_piped_chat_has_no_progress_bar_and_reads_to_eof(gguf_path):
+    """Not a terminal: no progress bar; the lines are read as they come, EOF ends the chat."""
+    args = [sys.executable, "-m", "strata.cli", "chat", "--model", gguf_path, "--temperature", "0",
+            "--max-new", "4", "--dtype", "float32", "--max-context", "256"]
+    done = subprocess.run(args, input="/branch 3\n/stats\n", capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": ROOT}, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "loading weights" not in done.stderr and "tensor" not in done.stderr
+    assert "error: turn 3 does not exist (the chat has 0)" in done.stdout
+    assert "chat: 0 turns; 0 answers" in done.stdout
