@@ -176,6 +176,16 @@ def test_errors_in_anthropics_shape(main_server):
         no_key = c.post("/v1/messages", json={"model": "smol", "max_tokens": 1, "messages": CHAT})
         bearer = c.post("/v1/messages", headers=main_server.headers,
                         json={"model": "smol", "max_tokens": 1, "messages": CHAT})
+        too_big = c.post("/v1/messages", headers={"x-api-key": main_server.api_key},
+                         content=b"x" * ((1 << 20) + 1))
+        foreign = c.post("/v1/messages", headers={"x-api-key": main_server.api_key,
+                                                  "Origin": "https://evil.example"},
+                         json={"model": "smol", "max_tokens": 1, "messages": CHAT})
+    assert too_big.status_code == 413
+    assert too_big.json() == {"type": "error", "error": {
+        "type": "request_too_large",
+        "message": "the request body is larger than --max-body-bytes 1048576"}}
+    assert foreign.status_code == 403 and foreign.json()["error"]["type"] == "permission_error"
     assert missing.status_code == 400 and missing.json()["error"]["type"] == "invalid_request_error"
     assert "max_tokens" in missing.json()["error"]["message"]
     assert no_key.status_code == 401 and no_key.json()["error"]["type"] == "authentication_error"

@@ -69,8 +69,6 @@ def prompt_ids(req: MessagesRequest | CountTokensRequest, info: ModelInfo) -> li
     if req.model != info.model_id:
         raise ModelNotFound(req.model, info.model_id)
     _refuse_unsupported(req)
-    if not req.messages:
-        raise RequestError("messages must not be empty", param="messages")
     if req.messages[0].role != "user":
         raise RequestError("messages[0].role must be 'user'", param="messages[0].role")
     chat: list[dict[str, Any]] = []
@@ -94,15 +92,7 @@ def prompt_ids(req: MessagesRequest | CountTokensRequest, info: ModelInfo) -> li
 
 
 def messages_job(req: MessagesRequest, info: ModelInfo) -> Job:
-    if req.max_tokens < 1:
-        raise RequestError(f"max_tokens must be at least 1, got {req.max_tokens}", param="max_tokens")
-    _check_max_tokens(req.max_tokens, "max_tokens", info)
-    if req.temperature is not None and not 0.0 <= req.temperature <= 1.0:
-        raise RequestError(
-            f"temperature must be between 0 and 1, got {req.temperature}", param="temperature"
-        )
-    if req.top_k is not None and req.top_k < 0:
-        raise RequestError(f"top_k must be at least 0, got {req.top_k}", param="top_k")
+    _check_max_tokens(req.max_tokens, "max_tokens", info)  # ranges: the request model's
     ids = prompt_ids(req, info)
     _check_length(ids, info, "messages")
     try:

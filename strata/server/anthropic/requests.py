@@ -74,14 +74,16 @@ class Metadata(StrictModel):
 
 class MessagesRequest(StrictModel):
     model: str = Field(..., description="the served model id (GET /v1/models)")
-    max_tokens: int = Field(..., description="new tokens at most (required)")
-    messages: list[Message] = Field(..., description="alternating user and assistant turns")
+    max_tokens: int = Field(..., ge=1, description="new tokens at most (required)")
+    messages: list[Message] = Field(
+        ..., min_length=1, description="user and assistant turns, the first a user's"
+    )
     system: str | list[TextBlock] | None = Field(None, description="the system prompt")
     stop_sequences: list[str] | None = Field(None, description="stop strings (at most 16)")
     stream: bool | None = False
-    temperature: float | None = Field(None, description="0..1; default 1; 0 is greedy")
-    top_p: float | None = None
-    top_k: int | None = None
+    temperature: float | None = Field(None, ge=0, le=1, description="default 1; 0 is greedy")
+    top_p: float | None = Field(None, ge=0, le=1)
+    top_k: int | None = Field(None, ge=0, description="0: no top-k")
     metadata: Metadata | None = Field(None, description="accepted and ignored")
     service_tier: Literal["auto", "standard_only"] | None = Field(
         None, description="accepted and ignored"
@@ -96,7 +98,7 @@ class MessagesRequest(StrictModel):
 
 class CountTokensRequest(StrictModel):
     model: str
-    messages: list[Message]
+    messages: list[Message] = Field(..., min_length=1)
     system: str | list[TextBlock] | None = None
     tools: list[dict[str, Any]] | None = Field(None, description="only the neutral value")
     tool_choice: dict[str, Any] | None = Field(None, description="only the neutral value")
