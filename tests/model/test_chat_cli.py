@@ -72,7 +72,7 @@ def test_chat_turns_cache_regenerate_branch_stop_system(gguf_path, offline):
     assert a2 == greedy(offline, turn2) and p2 == len(tok.encode_chat(turn2))
     assert c2 >= p1 and n2 == p2 - c2  # only the new turn is read
 
-    again, (p2r, c2r, n2r, _) = chat.ask("/regenerate")
+    again, (p2r, _, n2r, _) = chat.ask("/regenerate")
     assert again == a2 and p2r == p2 and n2r <= 1  # the whole prompt was cached
 
     assert "continuing from turn 1" in chat.command("/branch 1")
@@ -94,7 +94,7 @@ def test_chat_turns_cache_regenerate_branch_stop_system(gguf_path, offline):
     chat.child.expect("you> ")
     assert "3. you: Tell me a very long story" in chat.command("/history")
     assert "[stopped]" in chat.command("/history")
-    _, (p4, c4, _, _) = chat.ask("Thanks!")
+    _, (_, c4, _, _) = chat.ask("Thanks!")
     assert c4 >= p3  # the conversation before the stopped answer is still cached
 
     stats = chat.command("/stats")

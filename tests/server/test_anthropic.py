@@ -148,6 +148,9 @@ def test_errors_in_anthropics_shape(main_server):
         ({"messages": [{"role": "user", "content": [
             {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}
         ]}]}, "'image'"),
+        ({"messages": [{"role": "user", "content": [{"type": "text", "text": "x", "bogus": 1}]}]},
+         "'bogus'"),
+        ({"messages": [{"role": "assistant", "content": "Hi"}]}, "messages[0].role"),
         ({"extra_body": {"temperature": 1.5}}, "temperature"),
         ({"extra_body": {"top_k": -1}}, "top_k"),
         ({"stop_sequences": [""]}, "stop_sequences"),

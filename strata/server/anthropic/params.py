@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from strata.errors import RequestError
+from strata.sampling import SamplingParams
 from strata.server.anthropic.requests import (
     NEUTRAL_ONLY,
     Block,
@@ -15,9 +16,8 @@ from strata.server.anthropic.requests import (
     MessagesRequest,
     TextBlock,
 )
-from strata.sampling import SamplingParams
-from strata.server.params import Job, ModelInfo, _check_length, _check_max_tokens
 from strata.server.errors import ModelNotFound
+from strata.server.params import Job, ModelInfo, _check_length, _check_max_tokens
 
 DEFAULT_TEMPERATURE = 1.0  # Anthropic's default
 
@@ -43,11 +43,11 @@ def _text_of(blocks: list[Block] | list[TextBlock], where: str) -> list[dict[str
             )
         if block.text is None:
             raise RequestError(f"{where}[{j}].text is required", param=f"{where}[{j}].text")
-        extra = set(block.model_extra or {})
-        if extra:
+        if block.model_extra:
+            unknown = min(block.model_extra)
             raise RequestError(
-                f"{where}[{j}]: unknown field {sorted(extra)[0]!r} in a text block",
-                param=f"{where}[{j}].{sorted(extra)[0]}",
+                f"{where}[{j}]: unknown field {unknown!r} in a text block",
+                param=f"{where}[{j}].{unknown}",
             )
         parts.append({"type": "text", "text": block.text})
     return parts

@@ -53,14 +53,12 @@ class Block(BaseModel):
     type: str
     text: str | None = None
     cache_control: CacheControl | None = None
-    citations: list[dict[str, Any]] | None = None
 
 
 class TextBlock(StrictModel):
     type: Literal["text"]
     text: str
     cache_control: CacheControl | None = None
-    citations: list[dict[str, Any]] | None = None
 
 
 class Message(StrictModel):
