@@ -89,14 +89,14 @@ NEUTRAL_ONLY = ("n", "best_of", "frequency_penalty", "presence_penalty", "logit_
 
 def cap(case, tame: bool) -> None:
     """max_tokens / max_completion_tokens at most MAX_NEW (set to it where both are absent or null);
-    `tame`: drop the NEUTRAL_ONLY fields, and name the served model (the Messages API requires
-    `model`, and a generated name is a 404)."""
+    `tame`: drop the NEUTRAL_ONLY fields, and on the Messages API name the served model (it
+    requires `model`, and a generated name is a 404)."""
     body = case.body
     if isinstance(body, dict) and ("messages" in body or "prompt" in body):
         if tame:
             for key in NEUTRAL_ONLY:
                 body.pop(key, None)
-            if "model" in body:
+            if case.operation.path.startswith("/v1/messages"):
                 body["model"] = "smol"
         if case.operation.path.endswith("/count_tokens"):
             return  # no max_tokens there
