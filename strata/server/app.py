@@ -14,6 +14,8 @@ from starlette.middleware.cors import CORSMiddleware
 from strata import __version__
 from strata.engine.engine import Engine
 from strata.server import requests
+from strata.server.anthropic.errors import AnthropicErrors
+from strata.server.anthropic.routes import router as anthropic_router
 from strata.server.connections import LimitConnections
 from strata.server.engine_loop import EngineLoop
 from strata.server.errors import install_handlers
@@ -75,6 +77,7 @@ def create_app(
     install_handlers(app)
     app.include_router(router)
     app.include_router(slots_router)
+    app.include_router(anthropic_router)
     # add_middleware wraps: the last added runs first. So a request meets, in order: the
     # counter (every answer is counted), the Host check, the Origin check, CORS (so every
     # answer after it, refusals included, carries CORS headers for an allowed origin, and
@@ -96,5 +99,6 @@ def create_app(
         )
     app.add_middleware(CheckOrigin, policy=OriginPolicy(frozenset(settings.allow_origins)))
     app.add_middleware(CheckHost, policy=HostPolicy.for_bind(settings.host, settings.allow_hosts))
+    app.add_middleware(AnthropicErrors)  # /v1/messages: every refusal above in Anthropic's shape
     app.add_middleware(CountRequests, metrics=metrics)
     return app

@@ -32,6 +32,8 @@ KNOWN_ROUTES = frozenset(
     {
         "/v1/chat/completions",
         "/v1/completions",
+        "/v1/messages",
+        "/v1/messages/count_tokens",
         "/v1/models",
         "/health",
         "/metrics",
@@ -94,8 +96,9 @@ class CheckOrigin:
 
 
 class RequireApiKey:
-    """`Authorization: Bearer <key>`, the scheme in any case (RFC 7235), the key compared in
-    constant time (both sides hashed first, so not even the key's length shows)."""
+    """`Authorization: Bearer <key>`, the scheme in any case (RFC 7235), or `x-api-key: <key>`
+    (Anthropic's header); the key compared in constant time (both sides hashed first, so not
+    even the key's length shows)."""
 
     def __init__(self, app: ASGIApp, api_key: str | None):
         self.app = app
@@ -104,12 +107,22 @@ class RequireApiKey:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or self._expected is None or scope["path"] in OPEN_PATHS:
             return await self.app(scope, receive, send)
-        given = dict(scope["headers"]).get(b"authorization", b"")
+        headers = dict(scope["headers"])
+        given = headers.get(b"authorization", b"")
         scheme, _, credentials = given.strip().partition(b" ")
-        key_ok = hmac.compare_digest(_digest(credentials.strip()), self._expected)
-        if scheme.lower() != b"bearer" or not key_ok:
-            message = "a valid API key is required: send 'Authorization: Bearer <key>'"
-            if given:
+        bearer_ok = scheme.lower() == b"bearer" and hmac.compare_digest(
+            _digest(credentials.strip()), self._expected
+        )
+        x_api_key = headers.get(b"x-api-key")
+        x_ok = x_api_key is not None and hmac.compare_digest(
+            _digest(x_api_key.strip()), self._expected
+        )
+        if not (bearer_ok or x_ok):
+            message = (
+                "a valid API key is required: send 'Authorization: Bearer <key>' "
+                "(or 'x-api-key: <key>')"
+            )
+            if given or x_api_key is not None:
                 message = "the API key is not valid"
             return await error_response(AuthError(message))(scope, receive, send)
         await self.app(scope, receive, send)
