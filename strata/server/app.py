@@ -19,6 +19,7 @@ from strata.server.engine_loop import EngineLoop
 from strata.server.errors import install_handlers
 from strata.server.hosts import HostPolicy
 from strata.server.metrics import ServerMetrics
+from strata.server.monitor.routes import router as monitor_router
 from strata.server.middleware import (
     CheckHost,
     CheckOrigin,
@@ -30,6 +31,7 @@ from strata.server.middleware import (
 from strata.server.origins import OriginPolicy
 from strata.server.routes import ServerState, router
 from strata.server.settings import ServerSettings
+from strata.server.webapp.routes import router as webapp_router
 
 DESCRIPTION = f"""OpenAI-compatible API over strata's lanes and shared KV pool.
 
@@ -73,6 +75,8 @@ def create_app(
     app.state.strata = state
     install_handlers(app)
     app.include_router(router)
+    app.include_router(monitor_router)  # /monitor/feed, the live picture of the pool
+    app.include_router(webapp_router)  # / and /ui/*: the browser app (chat and monitor)
     # add_middleware wraps: the last added runs first. So a request meets, in order: the
     # counter (every answer is counted), the Host check, the Origin check, CORS (so every
     # answer after it, refusals included, carries CORS headers for an allowed origin, and
