@@ -38,4 +38,6 @@ async def monitor_feed(request: Request) -> Response:
     def release() -> None:
         watch.watchers -= 1
 
-    return EventStream(frames(state.loop, history, state.model_id), on_close=release)
+    # Set by whoever runs uvicorn (`strata serve`): True once the server is shutting down.
+    stopping = getattr(request.app.state, "strata_stopping", None) or (lambda: False)
+    return EventStream(frames(state.loop, history, state.model_id, stopping), on_close=release)

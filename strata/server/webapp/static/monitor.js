@@ -128,7 +128,8 @@ export class Monitor {
       row.appendChild(el("td", "state", state));
       row.appendChild(el("td", null, String(lane.num_cells)));
       row.appendChild(el("td", null, String(lane.num_chunks)));
-      row.appendChild(el("td", "muted", lane.request_id || ""));
+      const request = row.appendChild(el("td", "request muted", lane.request_id || ""));
+      request.title = lane.request_id || "";
       body.appendChild(row);
     }
   }
