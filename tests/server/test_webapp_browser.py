@@ -221,6 +221,15 @@ def test_monitor_grid_shows_a_long_prompt_being_read_then_evicted(session, serve
     page = session.new_page(context)
     page.goto(server.base_url + "/#monitor")
     page.wait_for_selector("#grid .chunk")  # the first picture arrived (the key is sent)
+    # Two prompts with the same 64 first ids: the second branches from the first, sharing
+    # its two full chunks, which the grid marks (and colours by the older conversation).
+    with httpx.Client(base_url=server.base_url, headers=server.headers, timeout=300) as c:
+        for tail in ([1, 2], [3, 4]):
+            body = {"prompt": list(range(5000, 5064)) + tail, "max_tokens": 1, "temperature": 0}
+            assert c.post("/v1/completions", json=body).status_code == 200
+    page.wait_for_function("document.querySelectorAll('#grid .chunk.shared').length === 2")
+    shared_owner = {page.locator("#grid .chunk.shared").nth(i).get_attribute("data-conv") for i in range(2)}
+    assert len(shared_owner) == 1
     long_a = list(range(1000, 1600))  # 600 ids: 19 chunks of 32 cells with its first token
     done_a = threading.Event()
     stream_ids(server, long_a, done_a)
@@ -229,6 +238,11 @@ def test_monitor_grid_shows_a_long_prompt_being_read_then_evicted(session, serve
     row = page.wait_for_selector("#lanes tr[data-state='prefill']")
     conv_a = row.get_attribute("data-conv")
     page.wait_for_function(f"document.querySelectorAll(\"#grid .chunk[data-conv='{conv_a}'][data-state='active']\").length > 0")
+    read = int(row.query_selector("td:nth-child(4)").inner_text())
+    assert read < len(long_a)
+    page.wait_for_function(  # later frames show more of it read
+        f"[...document.querySelectorAll(\"#lanes tr[data-conv='{conv_a}'] td:nth-child(4)\")].some(td => +td.textContent > {read})"
+    )
     page.screenshot(path=str(shots / "monitor-prefill.png"))
     assert done_a.wait(300)
     page.wait_for_function(f"document.querySelectorAll(\"#grid .chunk[data-conv='{conv_a}'][data-state='parked']\").length === 19")

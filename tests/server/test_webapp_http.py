@@ -5,10 +5,14 @@ monitor feed needs the key, follows the pool, and lets go of the engine when it 
 from __future__ import annotations
 
 import json
+import logging
+import threading
 import time
 
 import httpx
-from serving import API_KEY, RunningServer, sse_events
+from serving import API_KEY, RunningServer, engine_loader, sse_events, start_server
+
+from strata.server.settings import ServerSettings
 
 
 def feed_frames(server: RunningServer, headers: dict[str, str] | None = None):
@@ -85,3 +89,46 @@ def test_the_app_and_feed_stay_out_of_the_openapi_schema(main_server):
     with main_server.client() as c:
         paths = c.get("/openapi.json").json()["paths"]
     assert "/monitor/feed" not in paths and "/" not in paths and not any(p.startswith("/ui/") for p in paths)
+
+
+class Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def test_an_open_feed_ends_when_the_server_shuts_down(tiny_llama_dir):
+    """uvicorn waits for open responses before it stops: the feed must end by itself rather
+    than be cancelled when the grace period runs out."""
+    running = start_server(ServerSettings(), engine_loader(tiny_llama_dir, dtype="float32", max_context=128))
+    frames: list[str] = []
+    outcome: list[str] = []
+
+    def read() -> None:
+        try:
+            with httpx.stream("GET", running.base_url + "/monitor/feed", timeout=60) as r:
+                for event in sse_events(r):
+                    frames.append(event)
+            outcome.append("ended")
+        except httpx.HTTPError as exc:
+            outcome.append(f"broken: {exc!r}")
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 60
+    while not frames:
+        assert time.monotonic() < deadline, "no frame arrived"
+        time.sleep(0.05)
+    records = Records()
+    logging.getLogger("uvicorn.error").addHandler(records)
+    try:
+        running.stop()
+    finally:
+        logging.getLogger("uvicorn.error").removeHandler(records)
+    reader.join(30)
+    assert outcome == ["ended"]
+    assert not any("graceful shutdown" in m for m in records.messages), records.messages
+    assert not running.thread.is_alive()

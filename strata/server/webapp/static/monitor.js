@@ -168,6 +168,8 @@ export class Monitor {
     drawChart($("chart-tokens"), [series("tok/s", "tokens_per_s")]);
     drawChart($("chart-queue"), [series("queued", "num_queued"), series("running", "num_running")]);
     drawChart($("chart-cpu"), [series("machine", "cpu_percent"), series("server", "process_cpu_percent")], { min_top: 100 });
-    drawChart($("chart-ram"), [series("machine %", "ram_used_percent"), series("RSS MiB", "rss_mib")], { min_top: 100 });
+    drawChart($("chart-ram"), [series("machine %", "ram_used_percent")], { min_top: 100 });
+    const latest = this.samples[this.samples.length - 1];
+    if (latest) $("server-rss").textContent = `${latest.rss_mib.toFixed(0)} MiB`;
   }
 }
