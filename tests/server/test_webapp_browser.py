@@ -3,7 +3,7 @@ servers: the Chat page streams an answer, regenerates it from the conversation c
 edits and resends, and shows model output that is HTML as text; the Monitor's grid shows a
 long prompt's chunks while it is read and their disappearance when it is evicted.
 
-Two servers: the default model (bfloat16, a pool of 32 chunks of 32 cells, an API key, prompt
+Two servers: the default model (bfloat16, a pool of 32 chunks of 16 cells, an API key, prompt
 pieces of 8 tokens so a long prompt takes many steps) and a scripted tiny model whose answer
 is fixed hostile HTML (scripted_model.py). No assertion reads the clock: the page is watched
 with playwright's waits, which poll every animation frame.
@@ -24,7 +24,7 @@ from strata.server.settings import ServerSettings
 
 KEY = "browser-key"
 HOSTILE = "<img src onerror=alert(1)> <script>"
-ENGINE = {"dtype": "bfloat16", "max_context": 768, "batch": 1, "kv_pool_tokens": 1024, "kv_chunk": 32,
+ENGINE = {"dtype": "bfloat16", "max_context": 400, "batch": 1, "kv_pool_tokens": 512, "kv_chunk": 16,
           "prefill_chunk": 8}
 
 
@@ -62,6 +62,16 @@ def context(session, server):
     ctx = session.new_context()
     yield ctx
     ctx.close()
+
+
+def open_app(page, url: str) -> None:
+    """Opens the page; gives it the key if this browser profile has not yet."""
+    page.goto(url)
+    page.wait_for_function("document.getElementById('model-name').textContent || document.getElementById('key-dialog').open")
+    if page.is_visible("#key-dialog"):
+        page.fill("#key-input", KEY)
+        page.click("#key-save")
+    page.wait_for_function("document.getElementById('model-name').textContent === 'smol'")
 
 
 def settings(page, max_tokens: int, temperature: float = 0.0) -> None:
@@ -135,7 +145,7 @@ def test_chat_streams_regenerates_from_the_cache_and_remembers_the_key(session, 
 
 def test_edit_and_resend_and_stop(session, server, context):
     page = session.new_page(context)
-    page.goto(server.base_url + "/")
+    open_app(page, server.base_url + "/")
     page.click("#new-chat")
     settings(page, max_tokens=8)
     send(page, "Say hello.")
@@ -150,7 +160,7 @@ def test_edit_and_resend_and_stop(session, server, context):
     assert int(edited.get_attribute("data-cached")) > 0  # the shared start (the default system prompt)
 
     finished_before = aborted(server)
-    settings(page, max_tokens=700, temperature=1.0)
+    settings(page, max_tokens=300, temperature=1.0)  # within --max-context 400
     send(page, "Write a long story about the sea.")
     page.wait_for_function("(document.querySelector('.message.assistant.streaming .content') || {}).textContent")
     page.click("#stop")
@@ -219,21 +229,21 @@ def chunk_count(page, conv: str, state: str | None = None) -> int:
 
 def test_monitor_grid_shows_a_long_prompt_being_read_then_evicted(session, server, context, shots):
     page = session.new_page(context)
-    page.goto(server.base_url + "/#monitor")
+    open_app(page, server.base_url + "/#monitor")
     page.wait_for_selector("#grid .chunk")  # the first picture arrived (the key is sent)
-    # Two prompts with the same 64 first ids: the second branches from the first, sharing
-    # its two full chunks, which the grid marks (and colours by the older conversation).
+    # Two prompts with the same 32 first ids: the second branches from the first, sharing
+    # its two full chunks, which the grid marks (coloured by the older conversation).
     with httpx.Client(base_url=server.base_url, headers=server.headers, timeout=300) as c:
         for tail in ([1, 2], [3, 4]):
-            body = {"prompt": list(range(5000, 5064)) + tail, "max_tokens": 1, "temperature": 0}
+            body = {"prompt": list(range(5000, 5032)) + tail, "max_tokens": 1, "temperature": 0}
             assert c.post("/v1/completions", json=body).status_code == 200
-    page.wait_for_function("document.querySelectorAll('#grid .chunk.shared').length === 2")
-    shared_owner = {page.locator("#grid .chunk.shared").nth(i).get_attribute("data-conv") for i in range(2)}
-    assert len(shared_owner) == 1
-    long_a = list(range(1000, 1600))  # 600 ids: 19 chunks of 32 cells with its first token
+    page.wait_for_function("""[...document.querySelectorAll('#parked li')]
+        .filter(li => li.textContent.includes(' 34 cells · 3 chunks')).map(li => li.dataset.conv)
+        .some(c => document.querySelectorAll(`#grid .chunk.shared[data-conv='${c}']`).length === 2)""")
+    long_a = list(range(1000, 1300))  # 300 ids: 19 chunks of 16 cells with its first token
     done_a = threading.Event()
     stream_ids(server, long_a, done_a)
-    # While the prompt is read (75 steps of 8 tokens), its lane says prefill and the grid
+    # While the prompt is read (38 steps of 8 tokens), its lane says prefill and the grid
     # already holds its chunks (room is taken at admission; the fill grows as it is read).
     row = page.wait_for_selector("#lanes tr[data-state='prefill']")
     conv_a = row.get_attribute("data-conv")
@@ -248,10 +258,10 @@ def test_monitor_grid_shows_a_long_prompt_being_read_then_evicted(session, serve
     page.wait_for_function(f"document.querySelectorAll(\"#grid .chunk[data-conv='{conv_a}'][data-state='parked']\").length === 19")
     assert page.locator(f"#parked li[data-conv='{conv_a}']").count() == 1
 
-    # Another 600-id prompt needs 19 chunks: with A's 19 held, only 13 exist besides them,
+    # Another 300-id prompt needs 19 chunks: with A's 19 held, only 13 exist besides them,
     # so A (parked) gives way, and its cells leave the grid.
     done_b = threading.Event()
-    stream_ids(server, list(range(3000, 3600)), done_b)
+    stream_ids(server, list(range(3000, 3300)), done_b)
     page.wait_for_function(f"document.querySelectorAll(\"#grid .chunk[data-conv='{conv_a}']\").length === 0")
     event = page.wait_for_selector(f"#events li[data-kind='eviction']:has-text('#{conv_a}')")
     assert event is not None
