@@ -21,6 +21,7 @@ from strata.server.engine_loop import EngineLoop
 from strata.server.errors import install_handlers
 from strata.server.hosts import HostPolicy
 from strata.server.metrics import ServerMetrics
+from strata.server.monitor.routes import router as monitor_router
 from strata.server.middleware import (
     CheckHost,
     CheckOrigin,
@@ -33,6 +34,7 @@ from strata.server.origins import OriginPolicy
 from strata.server.routes import ServerState, router
 from strata.server.slots import slots_router
 from strata.server.settings import ServerSettings
+from strata.server.webapp.routes import router as webapp_router
 
 DESCRIPTION = f"""OpenAI-compatible API over strata's lanes and shared KV pool.
 
@@ -78,6 +80,8 @@ def create_app(
     app.include_router(router)
     app.include_router(slots_router)
     app.include_router(anthropic_router)
+    app.include_router(monitor_router)  # /monitor/feed, the live picture of the pool
+    app.include_router(webapp_router)  # / and /ui/*: the browser app (chat and monitor)
     # add_middleware wraps: the last added runs first. So a request meets, in order: the
     # counter (every answer is counted), the Host check, the Origin check, CORS (so every
     # answer after it, refusals included, carries CORS headers for an allowed origin, and

@@ -25,8 +25,10 @@ from strata.server.hosts import HostPolicy
 from strata.server.metrics import ServerMetrics
 from strata.server.origins import OriginPolicy
 
-# Routes anyone may call even with --api-key: liveness, and the API's own description.
-OPEN_PATHS = frozenset({"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+# Routes anyone may call even with --api-key: liveness, the API's own description, and the
+# browser app's files (the page asks for the key and sends it with each call it makes).
+OPEN_PATHS = frozenset({"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc", "/"})
+OPEN_PREFIXES = ("/ui/",)
 # Routes counted under their own label; anything else is "other" (bounded label values).
 KNOWN_ROUTES = frozenset(
     {
@@ -39,6 +41,8 @@ KNOWN_ROUTES = frozenset(
         "/metrics",
         "/slots",
         "/openapi.json",
+        "/",
+        "/monitor/feed",
     }
 )
 
@@ -105,7 +109,8 @@ class RequireApiKey:
         self._expected = _digest(api_key.encode()) if api_key else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or self._expected is None or scope["path"] in OPEN_PATHS:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or self._expected is None or _is_open(path):
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
         given = headers.get(b"authorization", b"")
@@ -126,6 +131,10 @@ class RequireApiKey:
                 message = "the API key is not valid"
             return await error_response(AuthError(message))(scope, receive, send)
         await self.app(scope, receive, send)
+
+
+def _is_open(path: str) -> bool:
+    return path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)
 
 
 def _digest(value: bytes) -> bytes:

@@ -113,6 +113,7 @@ def start_server(
     port = sock.getsockname()[1]
     app = create_app(settings, load_engine, model_id)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
+    app.state.strata_stopping = lambda: server.should_exit  # as `strata serve` does
     thread = threading.Thread(
         target=server.run, kwargs={"sockets": [sock]}, name=f"uvicorn-{port}", daemon=True
     )
