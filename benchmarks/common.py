@@ -11,6 +11,8 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
+from tqdm import tqdm
+
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
@@ -64,14 +66,21 @@ def run_arm(script: str, arm: str, args: Sequence[str], timeout: float = 1800) -
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def progress_bar(total: int, desc: str, unit: str = "run") -> tqdm:
+    """A progress bar on stderr, quiet when stderr is not a terminal (`bar.write` still prints)."""
+    return tqdm(total=total, desc=desc, unit=unit, disable=None, file=sys.stderr, leave=False)
+
+
 def interleaved(arms: Sequence[str], rounds: int, run: Callable[[str], dict]) -> dict[str, list[dict]]:
     """Round-robin the arms `rounds` times so drift on a shared machine hits every arm alike."""
     results: dict[str, list[dict]] = {a: [] for a in arms}
-    for r in range(rounds):
-        for arm in arms:
-            t = time.perf_counter()
-            results[arm].append(run(arm))
-            print(f"  round {r + 1}/{rounds} {arm}: {time.perf_counter() - t:.0f} s", file=sys.stderr)
+    with progress_bar(rounds * len(arms), "rounds x arms") as bar:
+        for r in range(rounds):
+            for arm in arms:
+                t = time.perf_counter()
+                results[arm].append(run(arm))
+                bar.write(f"  round {r + 1}/{rounds} {arm}: {time.perf_counter() - t:.0f} s", file=sys.stderr)
+                bar.update(1)
     return results
 
 

@@ -24,7 +24,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import print_table, write_json
+from benchmarks.common import print_table, progress_bar, write_json
 
 CHATS = [
     "Write a haiku about tides.",
@@ -145,14 +145,16 @@ def main() -> None:
     prompts = build_prompts(engines[args.ref].tokenizer)[: args.limit]
     t0 = time.perf_counter()
     rows = []
+    bar = progress_bar(len(prompts) * (1 + len(arms)), "logits, then continuations", unit="prompt")
     for i, (kind, ids) in enumerate(prompts):
         a, b = (engines[kv].prompt_logits(ids) for kv in arms)
         diff = (a - b).abs()
         rows.append({"kind": kind, "tokens": len(ids), "sum_abs": diff.sum(dtype=torch.float64).item(),
                      "entries": diff.numel(), "max_abs": diff.max().item(),
                      "top1_agree": (a.argmax(-1) == b.argmax(-1)).sum().item()})
-        print(f"[{i + 1}/{len(prompts)}] {kind} {len(ids)} tokens: max |diff| {rows[-1]['max_abs']:.3f}, "
-              f"top-1 {rows[-1]['top1_agree']}/{len(ids)}", file=sys.stderr, flush=True)
+        bar.write(f"[{i + 1}/{len(prompts)}] {kind} {len(ids)} tokens: max |diff| {rows[-1]['max_abs']:.3f}, "
+                  f"top-1 {rows[-1]['top1_agree']}/{len(ids)}", file=sys.stderr)
+        bar.update(1)
         del a, b, diff
     greedy = SamplingParams(temperature=0, max_tokens=args.new, ignore_eos=True)
     conts = {}
@@ -164,7 +166,9 @@ def main() -> None:
             for o in e.run_until_done():
                 outs.setdefault(req[o.request_id], []).extend(o.new_token_ids)
             e.scheduler.clear_cache()
+            bar.update(len(req))
         conts[kv] = [outs[k] for k in range(len(prompts))]
+    bar.close()
     for k, row in enumerate(rows):
         a, b = conts[args.ref][k], conts[args.test][k]
         row["identical"] = a == b

@@ -41,7 +41,7 @@ from dataclasses import asdict
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import RESULTS_DIR, print_table, wait_for_quiet, write_json
+from benchmarks.common import RESULTS_DIR, print_table, progress_bar, wait_for_quiet, write_json
 from benchmarks.serve_parts.client import Record, make_prompts, measured, run_level
 from benchmarks.serve_parts.plot import plot
 from benchmarks.serve_parts.servers import (
@@ -141,6 +141,7 @@ def main() -> None:
             servers[arm].start()
             print(f"{arm}: ready in {servers[arm].load_s:.1f} s ({' '.join(servers[arm].cmd)})", file=sys.stderr)
             asyncio.run(run_level(servers[arm].url, [warm], 1, 8))  # warm-up: one short request
+        bar = progress_bar(args.rounds * len(levels) * len(arms), "rounds x levels x arms")
         for r in range(args.rounds):
             for c in levels:
                 order = arms if r % 2 == 0 else arms[::-1]
@@ -154,14 +155,16 @@ def main() -> None:
                         run["machine_at_start"], run["attempt"] = quiet, attempt
                         others = 100 * run["others_cpu_share"]
                         ok = [x for x in run["records"] if x.error is None]
-                        print(f"  round {r + 1}/{args.rounds} c={c} {arm}: {len(ok)}/{len(run['records'])} ok "
-                              f"in {run['wall_s']:.0f} s; other work {others:.0f}% of the CPUs "
-                              f"(at start {quiet['cpu_busy_percent']:.0f}% busy)", file=sys.stderr)
+                        bar.write(f"  round {r + 1}/{args.rounds} c={c} {arm}: {len(ok)}/{len(run['records'])} ok "
+                                  f"in {run['wall_s']:.0f} s; other work {others:.0f}% of the CPUs "
+                                  f"(at start {quiet['cpu_busy_percent']:.0f}% busy)", file=sys.stderr)
                         if others <= args.others_max or attempt == args.max_redo:
                             break
-                        print(f"    other work over {args.others_max:.0f}%: run again", file=sys.stderr)
+                        bar.write(f"    other work over {args.others_max:.0f}%: run again", file=sys.stderr)
                         discarded.append({"arm": arm, "c": c, "round": r, **_run_json(run)})
                     raw[arm][str(c)].append(run)
+                    bar.update(1)
+        bar.close()
     finally:
         for s in servers.values():
             s.stop()

@@ -37,7 +37,7 @@ from dataclasses import asdict
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import RESULTS_DIR, print_table
+from benchmarks.common import RESULTS_DIR, print_table, progress_bar
 from benchmarks.serve_parts.servers import Server, free_port
 from benchmarks.serve_parts.stats import pct
 from benchmarks.soak_parts import checks
@@ -134,6 +134,16 @@ async def _paths_watch(load: Load, http, url: str, extra_s: float) -> None:
         load.deadline += 10
 
 
+async def _progress(load: Load, t0: float) -> None:
+    """A time bar while the load runs (quiet when stderr is not a terminal); cancelled at its end."""
+    with progress_bar(round(load.deadline - t0), "soak", unit="s") as bar:
+        while True:
+            bar.total = max(bar.total, round(load.deadline - t0))  # --until-paths extends it
+            bar.n = min(round(time.perf_counter() - t0), bar.total)
+            bar.set_postfix(requests=len(load.records), refresh=True)
+            await asyncio.sleep(1)
+
+
 async def drive(args: argparse.Namespace, server: Server) -> dict:
     import httpx
 
@@ -148,7 +158,9 @@ async def drive(args: argparse.Namespace, server: Server) -> dict:
                                                     args.sample_every, stop))
         watch = asyncio.create_task(_paths_watch(load, http, server.url, args.until_paths)) \
             if args.until_paths > 0 else None
+        bar = asyncio.create_task(_progress(load, t0))
         await run_clients(load, args.clients, args.big_clients)
+        bar.cancel()
         duration = load.deadline - t0
         last_end = time.perf_counter() - t0
         m, slots, health, settle_s = await checks.settle(http, server.url, args.settle)

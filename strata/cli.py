@@ -1,4 +1,5 @@
-"""The `strata` command: `strata generate` (one shot), `strata serve` (OpenAI HTTP), `strata session`."""
+"""The `strata` command: `strata generate` (one shot), `strata chat` (a terminal chat),
+`strata serve` (OpenAI and Anthropic HTTP) and `strata session` (session files)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import time
 
 from strata.engine_args import add_engine_args, engine_config
 from strata.errors import ConfigError, RequestError, StrataError
+from strata.chat.cli import add_chat_parser
 from strata.server.cli import add_serve_parser
 from strata.session_cli import add_session_parser
 
@@ -116,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="print one JSON result instead of streaming text")
     add_engine_args(g)
     g.set_defaults(func=cmd_generate)
+    add_chat_parser(sub)
     add_serve_parser(sub)
     add_session_parser(sub)
     return p

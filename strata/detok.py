@@ -79,6 +79,7 @@ class IncrementalDetokenizer:
         self._fed = 0
         self._emitted: list[str] = []
         self._stopped = False
+        self._stop_string: str | None = None  # the stop string that matched, once stopped
         self._finished = False
 
     @property
@@ -91,6 +92,11 @@ class IncrementalDetokenizer:
     @property
     def is_stopped(self) -> bool:
         return self._stopped
+
+    @property
+    def stop_string(self) -> str | None:
+        """Which stop string ended the output (None until one matched)."""
+        return self._stop_string
 
     def add(self, token_id: int) -> Delta:
         """Take one generated token; return the text that is now safe to emit.
@@ -151,6 +157,7 @@ class IncrementalDetokenizer:
             end, length = hit
             cut = self._fed + end - length
             self._stopped = True
+            self._stop_string = held[cut : cut + length]
             self._held = ""
         elif final:
             cut = len(held)

@@ -30,10 +30,11 @@ class LLM:
     """Loads a model once; `generate` runs many prompts at once over the engine's lanes.
 
     Keyword arguments are EngineConfig fields (`batch=7` gives 8 lanes, `kv_pool_tokens`,
-    `kv_chunk`, `dtype`, ...); `model=None` is the embedded default model.
+    `kv_chunk`, `dtype`, ...); `model=None` is the embedded default model. `progress`: a
+    loading bar on stderr, shown only when stderr is a terminal.
     """
 
-    def __init__(self, model: str | None = None, progress: bool = False, **engine_options):
+    def __init__(self, model: str | None = None, progress: bool = True, **engine_options):
         engine_options.setdefault("batch", 7)
         self.engine = Engine(EngineConfig(model=model, **engine_options), progress=progress)
         self.tokenizer = self.engine.tokenizer

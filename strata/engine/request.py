@@ -54,6 +54,7 @@ class RequestOutput:
     finished: bool = False
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     truncated: bool = False  # ended because the KV pool could not grow it
+    stop_string: str | None = None  # the stop string that ended it (on the final output)
     error: StrataError | None = None  # set when the request was refused
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
@@ -103,6 +104,7 @@ class RequestState:
             (logprobs,) if logprobs is not None else (),
             finished=self.finish_reason is not None,
             finish_reason=self.finish_reason,
+            stop_string=self.detok.stop_string,
             **self.counts(),
             timings=self.timings() if self.finish_reason is not None else None,
         )
@@ -118,6 +120,7 @@ class RequestState:
             finish_reason=reason,
             truncated=truncated,
             error=error,
+            stop_string=self.detok.stop_string,
             **self.counts(),
             timings=self.timings(),
         )

@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable, Sequence
+from typing import TypeVar
+
+K = TypeVar("K", bound=Hashable)
 
 from strata.errors import ChunkNotHeld, PoolError, PoolExhausted
 
@@ -90,6 +93,17 @@ class KVPool:
     def free_ids(self) -> list[int]:
         """The free list, lowest first (a copy)."""
         return sorted(self._free)
+
+    def chunk_owners(self, tables: Iterable[tuple[K, Sequence[int]]]) -> dict[int, list[K]]:
+        """Read-only: each held chunk id -> the keys of the `(key, chunk ids)` tables that list it,
+        in the order given. Every id a table lists must be held here (PoolError otherwise);
+        nothing is changed."""
+        owners: dict[int, list[K]] = {}
+        for key, ids in tables:
+            for i in ids:
+                self._check_held("chunk_owners", i, 1)
+                owners.setdefault(i, []).append(key)
+        return owners
 
     def num_freed_by_release(self, ids: Iterable[int]) -> int:
         """How many chunks releasing `ids` once would free (nothing is changed)."""

@@ -41,7 +41,11 @@ def build_model(
     layer_devices = split_layers(cfg.num_layers, devices)
     torch_dtype = TORCH_DTYPES[dtype]
     weights: dict[str, torch.Tensor] = {}
-    bar = tqdm(total=source.num_tensors, desc="loading weights", unit="tensor", disable=not progress, leave=False)
+    # disable=None: tqdm stays quiet when stderr is not a terminal (logs, pipes, CI).
+    bar = tqdm(
+        total=source.num_tensors, desc="loading weights", unit="tensor",
+        disable=None if progress else True, leave=False,
+    )
     for name, tensor in source.tensors:
         if name == "rope_freqs" or name.endswith(".q4"):
             weights[name] = tensor

@@ -14,11 +14,14 @@ from starlette.middleware.cors import CORSMiddleware
 from strata import __version__
 from strata.engine.engine import Engine
 from strata.server import requests
+from strata.server.anthropic.errors import AnthropicErrors
+from strata.server.anthropic.routes import router as anthropic_router
 from strata.server.connections import LimitConnections
 from strata.server.engine_loop import EngineLoop
 from strata.server.errors import install_handlers
 from strata.server.hosts import HostPolicy
 from strata.server.metrics import ServerMetrics
+from strata.server.monitor.routes import router as monitor_router
 from strata.server.middleware import (
     CheckHost,
     CheckOrigin,
@@ -31,6 +34,7 @@ from strata.server.origins import OriginPolicy
 from strata.server.routes import ServerState, router
 from strata.server.slots import slots_router
 from strata.server.settings import ServerSettings
+from strata.server.webapp.routes import router as webapp_router
 
 DESCRIPTION = f"""OpenAI-compatible API over strata's lanes and shared KV pool.
 
@@ -75,6 +79,9 @@ def create_app(
     install_handlers(app)
     app.include_router(router)
     app.include_router(slots_router)
+    app.include_router(anthropic_router)
+    app.include_router(monitor_router)  # /monitor/feed, the live picture of the pool
+    app.include_router(webapp_router)  # / and /ui/*: the browser app (chat and monitor)
     # add_middleware wraps: the last added runs first. So a request meets, in order: the
     # counter (every answer is counted), the Host check, the Origin check, CORS (so every
     # answer after it, refusals included, carries CORS headers for an allowed origin, and
@@ -96,5 +103,6 @@ def create_app(
         )
     app.add_middleware(CheckOrigin, policy=OriginPolicy(frozenset(settings.allow_origins)))
     app.add_middleware(CheckHost, policy=HostPolicy.for_bind(settings.host, settings.allow_hosts))
+    app.add_middleware(AnthropicErrors)  # /v1/messages: every refusal above in Anthropic's shape
     app.add_middleware(CountRequests, metrics=metrics)
     return app

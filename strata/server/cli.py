@@ -182,6 +182,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             limit_concurrency=settings.max_connections * UVICORN_LIMIT_FACTOR,
         )
     )
+    app.state.strata_stopping = lambda: server.should_exit  # open monitor feeds end at once
     print(
         f"strata: serving {name} at http://{settings.host}:{settings.port}/v1 (loading the model)",
         file=sys.stderr,

@@ -33,6 +33,7 @@ from strata.server.errors import NotReady, ServerError
 from strata.server.incidents import incident_id
 from strata.server.handle import Admitted, Event, Failed, RequestHandle, is_final
 from strata.server.metrics import ServerMetrics
+from strata.server.monitor.watch import PoolWatch
 from strata.server.params import ModelInfo
 from strata.server.snapshot import EngineSnapshot, take_snapshot
 
@@ -61,6 +62,7 @@ class _Call:
 
 
 _STOP = object()
+_WAKE = object()  # no work: the engine thread wakes and observes (a monitor opened)
 
 
 class EngineLoop:
@@ -86,6 +88,7 @@ class EngineLoop:
         self.info: ModelInfo | None = None
         self.num_lanes = 0
         self.snapshot: EngineSnapshot | None = None
+        self.pool_watch = PoolWatch()  # pictures of the pool while a monitor watches
         # asyncio thread only.
         self._handles: dict[str, RequestHandle] = {}
         self._num_active = 0  # submitted, not yet final or closed
@@ -151,6 +154,10 @@ class EngineLoop:
         self._inbox.put(_Call(fn, future))
         return await asyncio.wrap_future(future)
 
+    def wake(self) -> None:
+        """The engine thread observes once even if it has no work (a monitor just opened)."""
+        self._inbox.put(_WAKE)
+
     def close(self, handle: RequestHandle) -> None:
         if not handle.done:
             handle.done = True
@@ -213,10 +220,12 @@ class EngineLoop:
                 if command is _STOP:
                     self._shutdown(engine, batch, commands[i + 1 :])
                     return
-                batch += self._apply(engine, command)
+                if command is not _WAKE:
+                    batch += self._apply(engine, command)
             if engine.has_work:
                 batch += self._step(engine)
             self.snapshot = take_snapshot(engine)
+            self.pool_watch.observe(engine.scheduler, engine.max_context)
             if batch:
                 self._post(batch)
 

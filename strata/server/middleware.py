@@ -25,18 +25,24 @@ from strata.server.hosts import HostPolicy
 from strata.server.metrics import ServerMetrics
 from strata.server.origins import OriginPolicy
 
-# Routes anyone may call even with --api-key: liveness, and the API's own description.
-OPEN_PATHS = frozenset({"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+# Routes anyone may call even with --api-key: liveness, the API's own description, and the
+# browser app's files (the page asks for the key and sends it with each call it makes).
+OPEN_PATHS = frozenset({"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc", "/"})
+OPEN_PREFIXES = ("/ui/",)
 # Routes counted under their own label; anything else is "other" (bounded label values).
 KNOWN_ROUTES = frozenset(
     {
         "/v1/chat/completions",
         "/v1/completions",
+        "/v1/messages",
+        "/v1/messages/count_tokens",
         "/v1/models",
         "/health",
         "/metrics",
         "/slots",
         "/openapi.json",
+        "/",
+        "/monitor/feed",
     }
 )
 
@@ -94,25 +100,41 @@ class CheckOrigin:
 
 
 class RequireApiKey:
-    """`Authorization: Bearer <key>`, the scheme in any case (RFC 7235), the key compared in
-    constant time (both sides hashed first, so not even the key's length shows)."""
+    """`Authorization: Bearer <key>`, the scheme in any case (RFC 7235), or `x-api-key: <key>`
+    (Anthropic's header); the key compared in constant time (both sides hashed first, so not
+    even the key's length shows)."""
 
     def __init__(self, app: ASGIApp, api_key: str | None):
         self.app = app
         self._expected = _digest(api_key.encode()) if api_key else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or self._expected is None or scope["path"] in OPEN_PATHS:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or self._expected is None or _is_open(path):
             return await self.app(scope, receive, send)
-        given = dict(scope["headers"]).get(b"authorization", b"")
+        headers = dict(scope["headers"])
+        given = headers.get(b"authorization", b"")
         scheme, _, credentials = given.strip().partition(b" ")
-        key_ok = hmac.compare_digest(_digest(credentials.strip()), self._expected)
-        if scheme.lower() != b"bearer" or not key_ok:
-            message = "a valid API key is required: send 'Authorization: Bearer <key>'"
-            if given:
+        bearer_ok = scheme.lower() == b"bearer" and hmac.compare_digest(
+            _digest(credentials.strip()), self._expected
+        )
+        x_api_key = headers.get(b"x-api-key")
+        x_ok = x_api_key is not None and hmac.compare_digest(
+            _digest(x_api_key.strip()), self._expected
+        )
+        if not (bearer_ok or x_ok):
+            message = (
+                "a valid API key is required: send 'Authorization: Bearer <key>' "
+                "(or 'x-api-key: <key>')"
+            )
+            if given or x_api_key is not None:
                 message = "the API key is not valid"
             return await error_response(AuthError(message))(scope, receive, send)
         await self.app(scope, receive, send)
+
+
+def _is_open(path: str) -> bool:
+    return path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)
 
 
 def _digest(value: bytes) -> bytes:

@@ -65,6 +65,13 @@ class RunningServer:
             base_url=f"{self.base_url}/v1", api_key=self.api_key or "none", timeout=120.0, **kwargs
         )
 
+    def anthropic(self, **kwargs):
+        """The real `anthropic` client on this server (the key as `x-api-key`)."""
+        import anthropic
+
+        kwargs = {"api_key": self.api_key or "none", "timeout": 120.0, **kwargs}
+        return anthropic.Anthropic(base_url=self.base_url, **kwargs)
+
     def metrics(self) -> dict[str, float]:
         """Every sample of /metrics, keyed by its name plus labels as printed."""
         with self.client() as c:
@@ -106,6 +113,7 @@ def start_server(
     port = sock.getsockname()[1]
     app = create_app(settings, load_engine, model_id)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
+    app.state.strata_stopping = lambda: server.should_exit  # as `strata serve` does
     thread = threading.Thread(
         target=server.run, kwargs={"sockets": [sock]}, name=f"uvicorn-{port}", daemon=True
     )

@@ -99,7 +99,7 @@ def test_first_stop_to_complete_wins_and_the_rest_of_the_token_is_dropped():
     tok, ids = byte_vocab("ab", "cdSTOPef END")
     detok = IncrementalDetokenizer(tok, stop=["END", "d", "STOP"])
     assert [d.text for d in feed(detok, ids)] == ["ab", "c"]
-    assert detok.is_stopped
+    assert detok.is_stopped and detok.stop_string == "d"
 
 
 @pytest.mark.parametrize("split", [["xabcd"], ["xa", "bcd"], ["xab", "cd"], ["x", "a", "b", "c"]])
@@ -108,10 +108,13 @@ def test_the_cut_does_not_depend_on_token_boundaries(split):
     tok, ids = byte_vocab(*split)
     detok = IncrementalDetokenizer(tok, stop=["abcd", "bc"])
     text = "".join(d.text for d in feed(detok, ids))
-    assert detok.is_stopped and text == "xa"
+    assert detok.is_stopped and text == "xa" and detok.stop_string == "bc"
     # On a tie of ends, the longer stop (starting first) wins.
     detok = IncrementalDetokenizer(tok, stop=["c", "abc"])
-    assert "".join(d.text for d in feed(detok, ids)) == "x"
+    assert "".join(d.text for d in feed(detok, ids)) == "x" and detok.stop_string == "abc"
+    unstopped = IncrementalDetokenizer(tok, stop=["zz"])
+    feed(unstopped, ids)
+    assert unstopped.stop_string is None
 
 
 def test_long_stop_strings_cost_per_character_not_per_length(monkeypatch):

@@ -1,0 +1,175 @@
+// The Monitor page: the live feed (/monitor/feed, read with fetch so the API key can be
+// sent) drawn as the pool's grid, the lanes, the parked conversations in LRU order, the
+// pool's events as they happen, and the last minutes of tokens/s, queue, CPU and RAM.
+
+import { AuthNeeded, streamEvents } from "./api.js";
+import { drawChart } from "./charts.js";
+
+const $ = (id) => document.getElementById(id);
+const STATES = ["free", "active", "parked", "reserved"];
+const HISTORY = 300;  // samples kept (one a second)
+const MAX_EVENTS = 100;
+
+function el(tag, className, text) {
+  const node = document.createElement(tag);
+  if (className) node.className = className;
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+export function convColor(convId) {
+  return `hsl(${(convId * 137.508) % 360}, 70%, 55%)`;
+}
+
+function convLabel(convId) {
+  return convId ? `#${convId}` : "—";
+}
+
+export class Monitor {
+  constructor(askKey) {
+    this.askKey = askKey;
+    this.controller = null;
+    this.samples = [];
+    this.cells = [];
+    this.onModel = null;
+  }
+
+  start() {
+    if (this.controller) return;
+    this.controller = new AbortController();
+    this.run(this.controller.signal);
+  }
+
+  stop() {
+    if (this.controller) this.controller.abort();
+    this.controller = null;
+  }
+
+  async run(signal) {
+    $("monitor-status").textContent = "connecting…";
+    try {
+      await streamEvents("/monitor/feed", null, (frame) => this.frame(frame), signal);
+      $("monitor-status").textContent = "the server closed the feed";
+    } catch (err) {
+      if (err.name === "AbortError") return;
+      $("monitor-status").textContent = "feed: " + err.message;
+      if (err instanceof AuthNeeded) { this.controller = null; this.askKey(); return; }
+    }
+    if (this.controller && this.controller.signal === signal) {
+      this.controller = null;
+      setTimeout(() => { if (!document.getElementById("monitor-view").hidden) this.start(); }, 2000);
+    }
+  }
+
+  frame(frame) {
+    $("monitor-status").textContent = `live · ${frame.model} · ${frame.state}`;
+    if (frame.picture) this.picture(frame.picture);
+    if (frame.events) this.events(frame.events);
+    if (frame.samples) {
+      this.samples.push(...frame.samples);
+      this.samples.splice(0, Math.max(0, this.samples.length - HISTORY));
+      this.charts();
+    }
+  }
+
+  picture(p) {
+    const held = p.num_chunks - p.num_chunks_free;
+    $("pool-summary").textContent =
+      `${held}/${p.num_chunks} chunks held · ${p.chunk_size} cells each · ${p.pooled ? "shared pool" : "reserved per lane"}` +
+      ` · queued ${p.num_queued} · running ${p.num_running}` +
+      ` · evictions ${p.num_evictions} · refusals ${p.num_refusals} · truncations ${p.num_truncations}`;
+    this.grid(p);
+    this.lanes(p);
+    this.parked(p);
+  }
+
+  grid(p) {
+    const grid = $("grid");
+    if (this.cells.length !== p.num_chunks) {
+      grid.replaceChildren();
+      this.cells = [];
+      for (let i = 0; i < p.num_chunks; i++) {
+        const cell = el("div", "chunk");
+        cell.appendChild(el("div", "fill"));
+        grid.appendChild(cell);
+        this.cells.push(cell);
+      }
+    }
+    for (let i = 0; i < p.num_chunks; i++) {
+      const cell = this.cells[i];
+      const owner = p.chunk_owner[i], state = STATES[p.chunk_state[i]], holders = p.chunk_holders[i];
+      cell.className = "chunk " + state + (holders > 1 ? " shared" : "");
+      cell.dataset.chunk = String(i);
+      cell.dataset.conv = String(owner);
+      cell.dataset.state = state;
+      cell.title = `chunk ${i}: ${state}` + (owner ? `, conversation #${owner}` : "") +
+        (holders > 1 ? `, shared by ${holders}` : "") + `, ${p.chunk_filled[i]}/${p.chunk_size} cells`;
+      const fill = cell.firstChild;
+      fill.style.height = `${(100 * p.chunk_filled[i]) / p.chunk_size}%`;
+      cell.style.borderColor = owner ? convColor(owner) : "";
+      fill.style.background = owner ? convColor(owner) : "";
+    }
+  }
+
+  lanes(p) {
+    const body = $("lanes").tBodies[0];
+    body.replaceChildren();
+    for (const lane of p.lanes) {
+      const row = el("tr", "lane " + lane.state);
+      row.dataset.lane = String(lane.index);
+      row.dataset.state = lane.state;
+      row.dataset.conv = String(lane.conv_id);
+      row.appendChild(el("td", null, lane.index === 0 ? "0 (main)" : String(lane.index)));
+      const conv = row.appendChild(el("td", "conv", convLabel(lane.conv_id)));
+      if (lane.conv_id) conv.style.color = convColor(lane.conv_id);
+      let state = lane.state;
+      if (lane.state === "prefill") state += ` ${lane.num_cells}/${lane.num_prompt_tokens}`;
+      if (lane.state === "decode") state += ` +${lane.num_output_tokens}`;
+      row.appendChild(el("td", "state", state));
+      row.appendChild(el("td", null, String(lane.num_cells)));
+      row.appendChild(el("td", null, String(lane.num_chunks)));
+      const request = row.appendChild(el("td", "request muted", lane.request_id || ""));
+      request.title = lane.request_id || "";
+      body.appendChild(row);
+    }
+  }
+
+  parked(p) {
+    const list = $("parked");
+    list.replaceChildren();
+    if (!p.parked.length) list.appendChild(el("li", "muted", "none"));
+    for (const c of p.parked) {
+      const item = el("li", "parked-conv");
+      item.dataset.conv = String(c.conv_id);
+      const name = item.appendChild(el("span", "conv", convLabel(c.conv_id)));
+      name.style.color = convColor(c.conv_id);
+      item.appendChild(document.createTextNode(
+        ` ${c.num_cells} cells · ${c.num_chunks} chunks` + (c.lane === null ? " · in the pool" : ` · idle in lane ${c.lane}`)));
+      list.appendChild(item);
+    }
+  }
+
+  events(events) {
+    const list = $("events");
+    for (const e of events) {
+      const item = el("li", "event " + e.kind);
+      item.dataset.kind = e.kind;
+      const when = new Date(e.at * 1000).toLocaleTimeString();
+      const who = e.conv_ids.length ? " " + e.conv_ids.map(convLabel).join(", ") : "";
+      item.textContent = `${when} ${e.kind}${e.count > 1 ? " ×" + e.count : ""}${who}`;
+      list.prepend(item);
+    }
+    while (list.children.length > MAX_EVENTS) list.lastElementChild.remove();
+  }
+
+  charts() {
+    const take = (key) => this.samples.map((s) => s[key]);
+    const series = (label, key) => ({ label, values: take(key), capacity: HISTORY });
+    drawChart($("chart-tokens"), [series("tok/s", "tokens_per_s")]);
+    drawChart($("chart-queue"), [series("queued", "num_queued"), series("running", "num_running")]);
+    drawChart($("chart-cpu"), [series("machine", "cpu_percent"), series("server", "process_cpu_percent")], { min_top: 100 });
+    drawChart($("chart-ram"), [series("machine %", "ram_used_percent")], { min_top: 100 });
+    const latest = this.samples[this.samples.length - 1];
+    if (latest) $("server-rss").textContent = `${latest.rss_mib.toFixed(0)} MiB`;
+  }
+}

@@ -1,0 +1,127 @@
+"""`strata chat` through a pseudo-terminal (pexpect): the default model in float32, so the
+streamed text is exact; the footers' token counts show what the conversation cache reused."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from strata import LLM, SamplingParams
+from tests.conftest import require
+
+pexpect = require("pexpect")
+
+ENGINE = {"dtype": "float32", "max_context": 512, "batch": 0}
+MAX_NEW = 32
+FOOTER = re.compile(
+    r"\[prompt (\d+) tokens: (\d+) cached, (\d+) new \| answer (\d+) tokens[^\]\r\n]*\]"
+)
+STOPPED = re.compile(r"\[stopped \| prompt (\d+) tokens: (\d+) cached, (\d+) new \| answer (\d+)")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class Chat:
+    def __init__(self, gguf_path: str):
+        args = ["-m", "strata.cli", "chat", "--model", gguf_path, "--temperature", "0",
+                "--max-new", str(MAX_NEW), "--dtype", "float32", "--max-context", "512"]
+        env = {**os.environ, "TERM": "dumb", "PYTHONPATH": ROOT}
+        self.child = pexpect.spawn(sys.executable, args, env=env, encoding="utf-8", timeout=300)
+        self.child.expect("you> ")
+        self.startup = self.child.before
+
+    def ask(self, line: str) -> tuple[str, tuple[int, int, int, int]]:
+        """Sends `line`; returns the answer's text and its footer's (prompt, cached, new, answer)."""
+        self.child.sendline(line)
+        self.child.expect(FOOTER)
+        counts = tuple(int(g) for g in self.child.match.groups())
+        shown = self.child.before.split("\r\n", 1)[1]  # after the echoed line
+        self.child.expect("you> ")
+        return shown.removesuffix("\r\n").replace("\r\n", "\n"), counts
+
+    def command(self, line: str) -> str:
+        self.child.sendline(line)
+        self.child.expect("you> ")
+        return self.child.before.split("\r\n", 1)[1]
+
+
+@pytest.fixture(scope="module")
+def offline(gguf_path) -> LLM:
+    return LLM(model=gguf_path, **ENGINE)
+
+
+def greedy(llm: LLM, messages: list[dict]) -> str:
+    return llm.chat(messages, SamplingParams(temperature=0, max_tokens=MAX_NEW))[0].text
+
+
+def test_chat_turns_cache_regenerate_branch_stop_system(gguf_path, offline):
+    chat = Chat(gguf_path)
+    assert "loading weights" in chat.startup  # the load's progress bar, on a terminal
+    tok = offline.tokenizer
+    q1, q2, q3 = "What is the capital of France?", "And of Italy?", "And of Spain?"
+    a1, (p1, c1, n1, _) = chat.ask(q1)
+    assert a1 == greedy(offline, [{"role": "user", "content": q1}])
+    assert (p1, c1, n1) == (len(tok.encode_chat([{"role": "user", "content": q1}])), 0, p1)
+
+    turn2 = [{"role": "user", "content": q1}, {"role": "assistant", "content": a1},
+             {"role": "user", "content": q2}]
+    a2, (p2, c2, n2, _) = chat.ask(q2)
+    assert a2 == greedy(offline, turn2) and p2 == len(tok.encode_chat(turn2))
+    assert c2 >= p1 and n2 == p2 - c2  # only the new turn is read
+
+    again, (p2r, _, n2r, _) = chat.ask("/regenerate")
+    assert again == a2 and p2r == p2 and n2r <= 1  # the whole prompt was cached
+
+    assert "continuing from turn 1" in chat.command("/branch 1")
+    a3, (p3, c3, _, _) = chat.ask(q3)
+    assert a3 == greedy(offline, [*turn2[:2], {"role": "user", "content": q3}])
+    assert c3 >= p1  # turn 1's K/V is reused by the branch
+
+    history = chat.command("/history")
+    assert "1. you: " + q1 in history and "2. you: " + q3 in history and q2 not in history
+
+    # Ctrl-C while an answer streams: it stops, and the chat (and its cache) carries on.
+    chat.child.sendline("Tell me a very long story about a dragon.")
+    chat.child.expect("dragon.\r\n")
+    chat.child.expect(r"\w\w")
+    chat.child.sendintr()
+    chat.child.expect(STOPPED)
+    stopped_prompt, stopped_cached = (int(g) for g in chat.child.match.groups()[:2])
+    assert stopped_cached >= p3 and stopped_prompt > p3
+    chat.child.expect("you> ")
+    assert "3. you: Tell me a very long story" in chat.command("/history")
+    assert "[stopped]" in chat.command("/history")
+    _, (_, c4, _, _) = chat.ask("Thanks!")
+    assert c4 >= p3  # the conversation before the stopped answer is still cached
+
+    stats = chat.command("/stats")
+    assert "chat: 4 turns; 6 answers" in stats and "KV pool:" in stats
+
+    assert "4 later turn(s) dropped" in chat.command("/branch 0")
+    system = "Always answer in French."
+    assert "system prompt set" in chat.command("/system " + system)
+    with_system = [{"role": "system", "content": system}, {"role": "user", "content": q1}]
+    a5, (p5, c5, n5, _) = chat.ask(q1)
+    assert a5 == greedy(offline, with_system) and p5 == len(tok.encode_chat(with_system))
+    assert c5 < p1 // 2 and n5 == p5 - c5  # the prompt differs from its system turn on
+    assert "not available yet" in chat.command("/save chat.session")
+    assert "unknown command /frobnicate" in chat.command("/frobnicate")
+    chat.child.sendline("/quit")
+    chat.child.expect(pexpect.EOF)
+    chat.child.close()
+    assert chat.child.exitstatus == 0
+
+
+def test_piped_chat_has_no_progress_bar_and_reads_to_eof(gguf_path):
+    """Not a terminal: no progress bar; the lines are read as they come, EOF ends the chat."""
+    args = [sys.executable, "-m", "strata.cli", "chat", "--model", gguf_path, "--temperature", "0",
+            "--max-new", "4", "--dtype", "float32", "--max-context", "256"]
+    done = subprocess.run(args, input="/branch 3\n/stats\n", capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": ROOT}, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "loading weights" not in done.stderr and "tensor" not in done.stderr
+    assert "error: turn 3 does not exist (the chat has 0)" in done.stdout
+    assert "chat: 0 turns; 0 answers" in done.stdout

@@ -1,0 +1,78 @@
+"""Headless Chromium for the browser tests: Debian's package (`apt-get install -y chromium`,
+which .ci/run does), driven by playwright from PyPI pointed at that executable. Playwright's
+own browser download (`playwright install`) is never used.
+
+A missing playwright module is a missing test dependency (`require`: an error under CI). A
+missing browser skips the browser tests with a loud banner, as the issue allows when the
+browser cannot be installed; screenshots go to $STRATA_TEST_ARTIFACTS (default: a pytest
+temporary directory, printed).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import require
+
+CHROMIUM_PATHS = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
+
+
+def chromium_executable() -> str:
+    found = next((p for p in CHROMIUM_PATHS if os.access(p, os.X_OK)), None) or shutil.which("chromium")
+    if found is None:
+        banner = (
+            "\n" + "!" * 78 + "\n"
+            "!! BROWSER TESTS SKIPPED: no Chromium executable (looked for "
+            + ", ".join(CHROMIUM_PATHS) + " and `chromium` on PATH).\n"
+            "!! Install Debian's package: apt-get update && apt-get install -y chromium (.ci/run does).\n"
+            + "!" * 78
+        )
+        print(banner, file=sys.stderr)
+        warnings.warn(banner, stacklevel=2)
+        pytest.skip(banner, allow_module_level=True)
+    return found
+
+
+def artifacts_dir(tmp_path_factory) -> Path:
+    given = os.environ.get("STRATA_TEST_ARTIFACTS")
+    path = Path(given) if given else tmp_path_factory.mktemp("browser-artifacts")
+    path.mkdir(parents=True, exist_ok=True)
+    print(f"\nbrowser test screenshots: {path}", file=sys.stderr)
+    return path
+
+
+class BrowserSession:
+    """One playwright driver and one Chromium for a module's tests."""
+
+    def __init__(self) -> None:
+        sync_api = require("playwright.sync_api")
+        executable = chromium_executable()
+        self._driver = sync_api.sync_playwright().start()
+        # --no-sandbox: CI runs as root, where Chromium's sandbox refuses to start.
+        self.browser = self._driver.chromium.launch(
+            executable_path=executable, headless=True, args=["--no-sandbox"]
+        )
+
+    def new_context(self):
+        # bypass_csp: playwright's waits evaluate their predicates as strings, which the app's
+        # Content-Security-Policy forbids (no eval). It also means the tests see the page
+        # without that second line of defence: an injected handler would run here.
+        return self.browser.new_context(viewport={"width": 1360, "height": 860}, bypass_csp=True)
+
+    def new_page(self, context=None):
+        context = context or self.new_context()
+        page = context.new_page()
+        page.set_default_timeout(120_000)
+        page.errors = []  # uncaught errors in the page: every test asserts there were none
+        page.on("pageerror", lambda error: page.errors.append(str(error)))
+        return page
+
+    def close(self) -> None:
+        self.browser.close()
+        self._driver.stop()

@@ -1,0 +1,39 @@
+"""`strata chat`'s command parsing and turn history (no model)."""
+
+from __future__ import annotations
+
+import pytest
+
+from strata.chat.commands import Command, CommandError, parse
+from strata.chat.history import ChatHistory, Turn
+
+
+def test_lines_parse_into_commands_or_messages():
+    assert parse("hello /there") == Command("message", "hello /there")
+    assert parse("//etc/hosts is a file") == Command("message", "/etc/hosts is a file")
+    assert parse("/branch 2") == Command("branch", "2", 2)
+    assert parse("/system Be brief.") == Command("system", "Be brief.")
+    assert parse("/system") == Command("system", "")
+    assert parse("/regen") == Command("regenerate") and parse("/exit") == Command("quit")
+    for bad, said in [("/branch", "turn number"), ("/branch two", "turn number"),
+                      ("/save", "file name"), ("/stats now", "no argument"), ("/nope", "unknown")]:
+        with pytest.raises(CommandError, match=said):
+            parse(bad)
+
+
+def test_history_renders_branches_and_pops():
+    chat = ChatHistory(system="S", turns=[Turn("q1", "a1"), Turn("q2", "a2"), Turn("q3", "a3")])
+    assert chat.messages("q4") == [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "q1"}, {"role": "assistant", "content": "a1"},
+        {"role": "user", "content": "q2"}, {"role": "assistant", "content": "a2"},
+        {"role": "user", "content": "q3"}, {"role": "assistant", "content": "a3"},
+        {"role": "user", "content": "q4"},
+    ]
+    assert [t.user for t in chat.branch(1)] == ["q2", "q3"] and len(chat.turns) == 1
+    with pytest.raises(ValueError, match="turn 2 does not exist"):
+        chat.branch(2)
+    assert chat.pop_last().user == "q1" and chat.turns == []
+    with pytest.raises(ValueError, match="nothing|no answer"):
+        chat.pop_last()
+    assert ChatHistory().messages("hi") == [{"role": "user", "content": "hi"}]

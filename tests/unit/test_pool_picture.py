@@ -1,0 +1,101 @@
+"""The monitor's picture of the pool and the events found between pictures, on a scheduler
+driven by hand (no model): exact chunk ids, owners, fills, lane states and LRU order."""
+
+from __future__ import annotations
+
+from test_scheduler import Driver, pooled
+
+from strata.engine.scheduler import Scheduler
+from strata.kv.reserve import ReservedLayout
+from strata.server.monitor.picture import ACTIVE, FREE, PARKED, RESERVED, take_picture
+from strata.server.monitor.watch import PoolWatch, diff_events
+
+
+def picture(s: Scheduler, step: int = 1):
+    return take_picture(s, s.max_context, step)
+
+
+def test_chunks_lanes_and_parked_conversations_in_lru_order():
+    s = Scheduler(pooled(8, 4), num_lanes=2, max_context=32, prefill_chunk=3)
+    d = Driver(s)
+    s.add("a", list(range(1, 7)))  # 6 tokens: room for 7 cells = chunks 0, 1
+    d.step()  # reads 3 of them
+    p = picture(s)
+    assert p.lanes[0].state == "prefill" and p.lanes[0].num_cells == 3 and p.lanes[0].num_prompt_tokens == 6
+    assert p.chunk_owner[:3] == (1, 1, 0) and p.chunk_state[:3] == (ACTIVE, ACTIVE, FREE)
+    assert p.chunk_filled[:2] == (3, 0)  # both chunks are held from admission; cells fill as the prompt is read
+    d.step()
+    p = picture(s)
+    assert p.lanes[0].state == "decode" and p.chunk_filled[:2] == (4, 2)
+    d.step(finish=("a",))
+    s.add("b", [50, 51, 52])
+    d.step(finish=("b",))
+    p = picture(s)
+    assert [lane.state for lane in p.lanes] == ["idle", "idle"]
+    assert p.chunk_state[:3] == (PARKED, PARKED, PARKED) and p.chunk_owner[:3] == (1, 1, 2)
+    assert [c.conv_id for c in p.parked] == [1, 2]  # least recently used first
+    assert (p.num_chunks, p.num_chunks_free, p.pooled, p.chunk_size) == (8, 5, True, 4)
+
+
+def test_a_shared_prefix_is_one_chunk_with_two_holders():
+    s = Scheduler(pooled(8, 4), num_lanes=2, max_context=32, prefill_chunk=16)
+    d = Driver(s)
+    s.add("a", list(range(1, 10)))
+    d.step(finish=("a",))
+    s.add("b", list(range(1, 5)) + [99, 98])  # its first full chunk is a's chunk 0
+    d.step()
+    p = picture(s)
+    assert p.chunk_holders[0] == 2 and p.chunk_owner[0] == 1  # the oldest holder names it
+    assert p.chunk_state[0] == ACTIVE  # one of its holders is running
+    assert sum(1 for h in p.chunk_holders if h > 1) == 1
+
+
+def test_reserved_lanes_show_their_whole_reservation():
+    s = Scheduler(ReservedLayout(2, 16, 4), num_lanes=2, max_context=16, prefill_chunk=16)
+    d = Driver(s)
+    s.add("a", [1, 2, 3, 4, 5])
+    d.step()
+    p = picture(s)
+    assert not p.pooled and p.num_chunks == 8 and p.num_chunks_free == 0
+    assert p.chunk_state[:4] == (ACTIVE, ACTIVE, RESERVED, RESERVED)  # 5 cells written of lane 0's 16
+    assert p.chunk_owner[:4] == (1, 1, 0, 0) and p.chunk_state[4:] == (RESERVED,) * 4
+
+
+def test_events_name_the_evicted_conversations_and_count_refusals():
+    s = Scheduler(pooled(4, 4), num_lanes=2, max_context=16, prefill_chunk=16)
+    d = Driver(s)
+    watch = PoolWatch()
+    watch.observe(s, s.max_context)
+    assert watch.picture is None  # nobody watches: no picture is taken
+    watch.watchers = 1
+    watch.observe(s, s.max_context)
+    s.add("a", [1, 2, 3, 4, 5, 6])  # 2 chunks
+    d.step(finish=("a",))
+    s.add("b", [7, 8, 9, 10, 11])  # 2 chunks
+    d.step(finish=("b",))
+    watch.observe(s, s.max_context)
+    assert watch.events == ()
+    s.add("c", [20, 21, 22, 23, 24, 25, 26])  # 2 chunks: conversation 1, the least recent, gives way
+    d.step()
+    watch.observe(s, s.max_context)
+    assert [(e.kind, e.count, e.conv_ids) for e in watch.events] == [("eviction", 1, (1,))]
+    s.add("d", list(range(30, 45)))  # 4 chunks: more than the pool can free while c runs
+    d.step()
+    watch.observe(s, s.max_context)
+    assert [(e.kind, e.count) for e in watch.events[1:]] == [("refusal", 1)]
+    assert [e.seq for e in watch.events] == [1, 2]
+    assert watch.picture.num_refusals == 1 and watch.picture.num_evictions == 1
+
+
+def test_a_truncation_names_the_lane_conversation_it_ended():
+    s = Scheduler(pooled(3, 4), num_lanes=2, max_context=32, prefill_chunk=16)
+    d = Driver(s)
+    s.add("a", [1, 2, 3])  # 1 chunk, grows into a second at its 5th cell
+    s.add("b", [4, 5, 6])
+    d.step()
+    before = picture(s, 1)
+    for _ in range(4):
+        d.step()
+    after = picture(s, 2)
+    assert after.num_truncations == 1
+    assert diff_events(before, after) == [("truncation", 1, (2,))]  # the youngest, b, ended
