@@ -9,6 +9,7 @@ import pytest
 
 from strata.chat.commands import Command, CommandError, parse
 from strata.chat.history import ChatHistory, Turn
+from strata.errors import SessionFileError
 from strata.kv.session_format import KVGeometry, SessionHeader, read_header
 
 
@@ -65,3 +66,6 @@ def test_session_header_metadata_is_optional_and_round_trips():
     chat = {"chat": ChatHistory(turns=[Turn("q", "a")]).to_json()}
     with_meta = SessionHeader("fp", geometry, 16, [1, 2, 3], [0], chat)
     assert read_header(io.BytesIO(with_meta.encode()), "m")[0].metadata == chat
+    not_an_object = SessionHeader("fp", geometry, 16, [1, 2, 3], [0], ["chat"])  # type: ignore[arg-type]
+    with pytest.raises(SessionFileError, match="metadata must be a JSON object"):
+        read_header(io.BytesIO(not_an_object.encode()), "bad")
