@@ -105,7 +105,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         out = {"filename": args.file, "format_version": 1, "fingerprint": h.fingerprint,
                "geometry": dataclasses.asdict(h.geometry), "bytes_per_cell": h.geometry.bytes_per_cell,
                "block_cells": h.block_cells, "n_cells": h.num_cells, "n_records": h.num_records,
-               "checkpoints": h.checkpoints, "file_bytes": reader.num_bytes, "kv_bytes": h.kv_bytes()}
+               "checkpoints": h.checkpoints, "file_bytes": reader.num_bytes, "kv_bytes": h.kv_bytes(),
+               "metadata": h.metadata}
         out["token_ids"] = h.token_ids if args.tokens else h.token_ids[:16]
     return _print(out)
 

@@ -46,3 +46,25 @@ class ChatHistory:
         if not self.turns:
             raise ValueError("there is no answer to regenerate yet")
         return self.turns.pop()
+
+    def to_json(self) -> dict:
+        """The chat as a JSON object (kept in a session file's metadata under "chat")."""
+        return {"system": self.system,
+                "turns": [{"user": t.user, "assistant": t.assistant, "stopped": t.stopped}
+                          for t in self.turns]}
+
+    @classmethod
+    def from_json(cls, d: object) -> ChatHistory:
+        """The inverse of `to_json`; ValueError naming what is malformed."""
+        if not isinstance(d, dict) or not isinstance(d.get("turns"), list):
+            raise ValueError("the chat is not an object with a list of turns")
+        system = d.get("system")
+        if system is not None and not isinstance(system, str):
+            raise ValueError("the chat's system prompt is not a string")
+        turns = []
+        for i, t in enumerate(d["turns"], 1):
+            if not (isinstance(t, dict) and isinstance(t.get("user"), str)
+                    and isinstance(t.get("assistant"), str) and isinstance(t.get("stopped", False), bool)):
+                raise ValueError(f"turn {i} is not {{user, assistant, stopped}} text")
+            turns.append(Turn(t["user"], t["assistant"], t.get("stopped", False)))
+        return cls(system or None, turns)

@@ -16,6 +16,7 @@ from typing import TextIO
 from strata.chat.answer import AnswerStats, stream_answer
 from strata.chat.commands import HELP, Command, CommandError, parse
 from strata.chat.history import ChatHistory, Turn
+from strata.chat.session import load_chat, save_chat
 from strata.engine.engine import Engine
 from strata.errors import StrataError
 from strata.sampling import SamplingParams
@@ -133,10 +134,10 @@ class ChatRepl:
             self.say(f"system prompt {'set' if command.arg else 'cleared'} (from the next answer on)")
         elif name == "stats":
             self.show_stats()
-        elif name in ("save", "load"):
-            self.say(
-                f"/{name} is not available yet: this build of strata has no session files"
-            )
+        elif name == "save":
+            self.save(command.arg)
+        elif name == "load":
+            self.load(command.arg)
         elif name == "help":
             self.say(HELP)
 
@@ -166,6 +167,26 @@ class ChatRepl:
         self.say("")
         self.say(footer(stats))
         return True
+
+    def save(self, path: str) -> None:
+        try:
+            saved = save_chat(self.engine, self.history, path)
+        except (StrataError, ValueError, OSError) as exc:
+            self.say(f"error: {exc}")
+            return
+        self.say(f"saved {saved.num_turns} turn(s) and {saved.num_cells} cached tokens to {path} "
+                 f"({saved.num_bytes / MIB:.1f} MiB)")
+
+    def load(self, path: str) -> None:
+        """Replaces the chat with the file's; on any error the current chat stays as it was."""
+        try:
+            loaded = load_chat(self.engine, path)
+        except (StrataError, OSError) as exc:
+            self.say(f"error: {exc} (the current chat is kept)")
+            return
+        self.history = loaded.history
+        self.say(f"loaded {len(loaded.history.turns)} turn(s) from {path}; {loaded.num_cells} "
+                 f"tokens parked in the cache (the next message prefills only its new tokens)")
 
     def _stream(self, text: str) -> None:
         self.out.write(text)

@@ -251,9 +251,10 @@ class Engine:
         return torch.cat(rows)
 
     # ---- session files ------------------------------------------------------------------
-    def save_session(self, path: str, lane: int | None = None, token_ids: Sequence[int] | None = None) -> SessionSaved:
-        """Writes an idle conversation to a session file (engine/session.py)."""
-        return save_session(self, path, lane, None if token_ids is None else list(token_ids))
+    def save_session(self, path: str, lane: int | None = None, token_ids: Sequence[int] | None = None,
+                     metadata: dict | None = None) -> SessionSaved:
+        """Writes an idle conversation, with JSON `metadata`, to a session file (engine/session.py)."""
+        return save_session(self, path, lane, None if token_ids is None else list(token_ids), metadata)
 
     def restore_session(self, path: str, lane: int | None = None) -> SessionRestored:
         """Holds a session file's conversation again, idle; all or nothing (engine/session.py)."""

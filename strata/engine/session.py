@@ -16,7 +16,7 @@ restored conversation is idle: parked, or in the lane asked for.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from strata.engine.conversation import Conversation
 from strata.errors import LaneBusy, PoolFullError, RequestError, SessionFileError
@@ -42,6 +42,7 @@ class SessionRestored:
     num_bytes: int  # the file's size (every byte was read)
     seconds: float
     verified_first: bool  # the checksums were checked in a pass before any conversation gave way
+    metadata: dict = field(default_factory=dict)  # the header's application metadata, as saved
 
 
 def _check_lane(engine, lane: int) -> None:
@@ -69,13 +70,15 @@ def _conversation(engine, lane: int | None, token_ids: list[int] | None) -> tupl
     return conv, n
 
 
-def save_session(engine, path: str, lane: int | None = None, token_ids: list[int] | None = None) -> SessionSaved:
-    """Writes an idle conversation (lane `lane`'s, or the longest held prefix of `token_ids`) to `path`."""
+def save_session(engine, path: str, lane: int | None = None, token_ids: list[int] | None = None,
+                 metadata: dict | None = None) -> SessionSaved:
+    """Writes an idle conversation (lane `lane`'s, or the longest held prefix of `token_ids`) to
+    `path`, with the application's JSON `metadata` in the header."""
     t0 = time.perf_counter()
     conv, n = _conversation(engine, lane, token_ids)
     header = SessionHeader(
         engine.fingerprint, storage_geometry(engine.kv), engine.layout.chunk_size,
-        conv.token_ids[:n], [c for c in conv.checkpoints if c <= n],
+        conv.token_ids[:n], [c for c in conv.checkpoints if c <= n], dict(metadata or {}),
     )
     num_bytes = save_cells(path, header, engine.kv, conv.table.chunk_ids)
     return SessionSaved(path, n, num_bytes, time.perf_counter() - t0)
@@ -113,7 +116,7 @@ def restore_session(engine, path: str, lane: int | None = None) -> SessionRestor
         conv = scheduler.finish_restore(plan, table, h.token_ids, h.checkpoints)
         num_bytes = reader.num_bytes
     return SessionRestored(path, conv.conv_id, conv.lane, conv.num_cells, num_bytes, time.perf_counter() - t0,
-                           plan.loses_conversations)
+                           plan.loses_conversations, h.metadata)
 
 
 def erase_lane(engine, lane: int) -> int:

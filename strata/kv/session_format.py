@@ -58,6 +58,10 @@ class SessionHeader:
     block_cells: int  # positions per record (the saving pool's chunk size)
     token_ids: list[int] = field(default_factory=list)  # one per cell
     checkpoints: list[int] = field(default_factory=list)  # turn starts, ascending, <= num_cells
+    # An application's own JSON object, opaque to the engine (`strata chat` keeps its turns
+    # under "chat"); optional: left out of the header when empty, and ignored by readers of
+    # version 1 that predate it, so files stay readable both ways.
+    metadata: dict = field(default_factory=dict)
 
     @property
     def num_cells(self) -> int:
@@ -72,7 +76,10 @@ class SessionHeader:
 
     def encode(self) -> bytes:
         """The prefix, the JSON header and its CRC: everything before the first record."""
-        body = json.dumps(asdict(self), separators=(",", ":")).encode()
+        fields = asdict(self)
+        if not self.metadata:
+            del fields["metadata"]
+        body = json.dumps(fields, separators=(",", ":")).encode()
         head = PREFIX.pack(MAGIC, FORMAT_VERSION, len(body)) + body
         return head + CRC.pack(crc32(head))
 
@@ -119,4 +126,7 @@ def _parse(d: dict) -> SessionHeader:
         raise ValueError("no cells, or blocks of no cells")
     if checkpoints != sorted(set(checkpoints)) or any(not 0 <= c <= len(tokens) for c in checkpoints):
         raise ValueError("checkpoints must ascend within the conversation")
-    return SessionHeader(str(d["fingerprint"]), geometry, int(d["block_cells"]), tokens, checkpoints)
+    metadata = d.get("metadata", {})
+    if not isinstance(metadata, dict):
+        raise ValueError("metadata must be a JSON object")
+    return SessionHeader(str(d["fingerprint"]), geometry, int(d["block_cells"]), tokens, checkpoints, metadata)

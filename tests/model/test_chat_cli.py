@@ -3,6 +3,7 @@ streamed text is exact; the footers' token counts show what the conversation cac
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -11,6 +12,7 @@ import sys
 import pytest
 
 from strata import LLM, SamplingParams
+from strata.kv.session_format import read_header
 from tests.conftest import require
 
 pexpect = require("pexpect")
@@ -107,12 +109,69 @@ def test_chat_turns_cache_regenerate_branch_stop_system(gguf_path, offline):
     a5, (p5, c5, n5, _) = chat.ask(q1)
     assert a5 == greedy(offline, with_system) and p5 == len(tok.encode_chat(with_system))
     assert c5 < p1 // 2 and n5 == p5 - c5  # the prompt differs from its system turn on
-    assert "not available yet" in chat.command("/save chat.session")
     assert "unknown command /frobnicate" in chat.command("/frobnicate")
     chat.child.sendline("/quit")
     chat.child.expect(pexpect.EOF)
     chat.child.close()
     assert chat.child.exitstatus == 0
+
+
+SAVED = re.compile(r"saved (\d+) turn\(s\) and (\d+) cached tokens")
+
+
+def rewrite_header(src: str, dst: str, **changes) -> None:
+    """Copies the session file `src` to `dst` with header fields changed (checksum recomputed)."""
+    with open(src, "rb") as f:
+        header, size = read_header(f, src)
+        f.seek(size)
+        records = f.read()
+    with open(dst, "wb") as f:
+        f.write(dataclasses.replace(header, **changes).encode() + records)
+
+
+def test_chat_saves_and_loads_in_a_new_process(gguf_path, tmp_path):
+    q1, q2, q3 = "What is the capital of France?", "And of Italy?", "And of Spain?"
+    path = str(tmp_path / "chat.strata")
+    first = Chat(gguf_path)
+    assert "nothing to save yet" in first.command(f"/save {path}")
+    a1, _ = first.ask(q1)
+    a2, _ = first.ask(q2)
+    said = first.command(f"/save {path}")
+    assert SAVED.search(said), said
+    num_turns, num_saved = (int(g) for g in SAVED.search(said).groups())
+    assert num_turns == 2
+    a3, (p3, c3, _, _) = first.ask(q3)  # the same process's next turn: what a load must match
+    first.child.sendline("/quit")
+    first.child.expect(pexpect.EOF)
+
+    with open(path, "rb") as f:
+        header = read_header(f, path)[0]
+    assert header.num_cells == num_saved and c3 == num_saved
+    assert [t["user"] for t in header.metadata["chat"]["turns"]] == [q1, q2]
+    other, plain = str(tmp_path / "other.strata"), str(tmp_path / "plain.strata")
+    rewrite_header(path, other, fingerprint="0" * 64)
+    rewrite_header(path, plain, metadata={})
+
+    second = Chat(gguf_path)
+    a0, _ = second.ask("Hello!")
+    for bad, said in [(str(tmp_path / "absent.strata"), "cannot be read"),
+                      (other, "made by another model"), (plain, "holds no chat"),
+                      (str(tmp_path), "cannot be read")]:
+        shown = second.command(f"/load {bad}")
+        assert said in shown and "the current chat is kept" in shown, shown
+    assert "1. you: Hello!" in second.command("/history")
+
+    loaded = second.command(f"/load {path}")
+    assert f"loaded 2 turn(s) from {path}; {num_saved} tokens parked" in loaded, loaded
+    history = second.command("/history")
+    assert "1. you: " + q1 in history and "2. you: " + q2 in history and "Hello!" not in history
+    b3, (q3_prompt, q3_cached, q3_new, _) = second.ask(q3)
+    assert (b3, q3_prompt, q3_cached) == (a3, p3, num_saved)  # only the new turn is prefilled
+    assert q3_new == p3 - num_saved
+    second.child.sendline("/quit")
+    second.child.expect(pexpect.EOF)
+    second.child.close()
+    assert second.child.exitstatus == 0
 
 
 def test_piped_chat_has_no_progress_bar_and_reads_to_eof(gguf_path):

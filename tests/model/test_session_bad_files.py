@@ -17,7 +17,7 @@ import struct
 
 import pytest
 import torch
-from conftest import make_tiny_model
+from tests.conftest import make_tiny_model
 
 from strata.config import EngineConfig
 from strata.engine.engine import Engine

@@ -13,7 +13,7 @@ import os
 import subprocess
 import sys
 
-from conftest import make_tiny_model
+from tests.conftest import make_tiny_model
 
 GIB = 1 << 30
 
