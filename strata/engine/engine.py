@@ -28,8 +28,9 @@ from strata.kv.layout import KVLayout, PooledLayout
 from strata.kv.reserve import ReservedLayout
 from strata.kv.storage import KVStorage, kv_bytes_per_cell
 from strata.kv.table import chunks_for
-from strata.loader import ModelSource, open_model
-from strata.loader.build import TORCH_DTYPES, build_model
+from strata.loader import ModelSource
+from strata.loader.build import TORCH_DTYPES
+from strata.loader.model_load import ModelLoad
 from strata.models.config import ModelConfig
 from strata.runner.runner import ModelRunner
 from strata.sampler import make_generator
@@ -58,10 +59,11 @@ class Engine:
         self.config = config
         if config.threads is not None:
             torch.set_num_threads(config.threads)
-        source = source if source is not None else open_model(config.model, keep_q4=config.weights != "dense")
-        self.model_config = cfg = source.config
-        self.tokenizer = source.tokenizer
-        self.fingerprint = source.fingerprint
+        load = ModelLoad(config.model, config.dtype, config.weights, config.devices, source)
+        self.model_config = cfg = load.config
+        self.tokenizer = load.tokenizer
+        self.fingerprint = load.fingerprint
+        self.loaded_from_cache = load.from_cache  # the prepared-model cache had this build
         self.max_context = config.max_context or cfg.max_position
         if self.max_context > cfg.max_position:
             log.warning(
@@ -76,12 +78,13 @@ class Engine:
         check_memory(
             MemoryPlan(num_weight_params(cfg) * weight_elem, kv_bytes), config.memory_guard_mib, config.is_pooled
         )
-        self.model = build_model(source, config.dtype, config.devices, self.max_context, config.weights, progress)
+        self.model = load.build(self.max_context, progress)
         self.kv = KVStorage(
             pool.num_total, pool.chunk_size, cfg.num_kv_heads, cfg.head_dim, config.kv_dtype, self.model.layer_devices
         )
         self.runner = ModelRunner(self.model, self.kv)
-        self.scheduler = Scheduler(self.layout, config.num_lanes, self.max_context, config.prefill_chunk)
+        self.scheduler = Scheduler(self.layout, config.num_lanes, self.max_context, config.prefill_chunk,
+                                   config.prefill_alone)
         self.stop_token_ids = frozenset(cfg.eos_token_ids) | frozenset(self.tokenizer.eos_token_ids)
         self.requests: dict[str, RequestState] = {}
         self._ids = itertools.count()

@@ -39,12 +39,14 @@ from strata.step import Admission, Refusal, StepOutput, StepPlan
 
 
 class Scheduler(Restores):
-    def __init__(self, layout: KVLayout, num_lanes: int, max_context: int, prefill_chunk: int):
+    def __init__(self, layout: KVLayout, num_lanes: int, max_context: int, prefill_chunk: int,
+                 prefill_alone: int | None = None):
         self.layout = layout
         self.lanes = [Lane(i) for i in range(num_lanes)]
         self.cache = ConversationCache()
         self.max_context = max_context
         self.prefill_chunk = prefill_chunk
+        self.prefill_alone = prefill_alone
         self.counters = PoolCounters()
         self.waiting: deque[tuple[str, list[int]]] = deque()
         self.seqs: dict[str, Sequence] = {}
@@ -149,7 +151,7 @@ class Scheduler(Restores):
             admission_copies = self._admit(request_id, prompt_ids, plan)
             copies += admission_copies
             admitted.append(Admission(request_id, plan.lane, plan.num_cached, bool(admission_copies)))
-        return StepPlan(tuple(copies), build_work(self.seqs.values(), self.prefill_chunk), tuple(admitted), tuple(refused), truncated)
+        return StepPlan(tuple(copies), build_work(self.seqs.values(), self.prefill_chunk, self.prefill_alone), tuple(admitted), tuple(refused), truncated)
 
     def _admit(self, request_id: str, prompt_ids: list[int], plan: AdmissionPlan) -> list[CellCopy]:
         self._evict(plan.victims)

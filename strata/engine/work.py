@@ -1,6 +1,6 @@
 """One step's work per lane: a decoding lane feeds its pending token; prefilling lanes
 share a budget of `prefill_chunk` prompt tokens, oldest first, so long prompts are read
-in pieces between decode steps.
+in pieces between decode steps (`prefill_alone` tokens when no lane is decoding).
 
 Planning only: nothing here changes a conversation or a sequence. The cells a step
 writes are recorded by `commit_work` once the runner has returned.
@@ -15,11 +15,16 @@ from strata.engine.conversation import Sequence
 from strata.step import LaneWork
 
 
-def build_work(seqs: Iterable[Sequence], prefill_chunk: int) -> tuple[LaneWork, ...]:
-    """Each lane's tokens for this step, starting at the cells its conversation holds."""
+def build_work(seqs: Iterable[Sequence], prefill_chunk: int, prefill_alone: int | None = None) -> tuple[LaneWork, ...]:
+    """Each lane's tokens for this step, starting at the cells its conversation holds.
+
+    `prefill_alone`: the budget instead of `prefill_chunk` when no lane is decoding (no
+    decode gap to keep short, so a lone prompt is read in fewer, larger pieces)."""
     work = []
-    budget = prefill_chunk
-    for seq in sorted(seqs, key=lambda s: s.order):
+    seqs = sorted(seqs, key=lambda s: s.order)
+    decoding = any(not s.is_prefilling and s.pending is not None for s in seqs)
+    budget = prefill_chunk if prefill_alone is None or decoding else max(prefill_chunk, prefill_alone)
+    for seq in seqs:
         conv = seq.conv
         start = conv.num_cells
         if seq.is_prefilling:

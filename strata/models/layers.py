@@ -20,8 +20,18 @@ class RMSNorm:
         self.weight = weight  # [dim]
         self.eps = eps
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, ops=None) -> torch.Tensor:
+        """x [rows, dim]; `ops`: the fused decode ops (models/fused.py) or None."""
+        if ops is not None and x.dim() == 2 and x.is_contiguous():
+            return ops.rms_norm(x, self.weight, self.eps)
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+
+    def add_and_norm(self, x: torch.Tensor, delta: torch.Tensor, ops=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + delta, rms_norm(x + delta)); with `ops`, x [rows, dim] is updated in place."""
+        if ops is not None and x.dim() == 2 and x.is_contiguous() and delta.is_contiguous():
+            return x, ops.add_rms_norm(x, delta, self.weight, self.eps)
+        x = x + delta
+        return x, self(x)
 
 
 # Decode steps of up to this many rows use the 4-bit kernel when a projection has one;

@@ -14,9 +14,11 @@ import torch
 import torch.nn.functional as F
 
 from strata.kv.storage import KVStorage
-from strata.models.attention import AttentionMeta, attend
+from strata.models.attention import AttentionMeta, attend, attend_written
 from strata.models.config import ModelConfig
-from strata.models.layers import Linear, RMSNorm, Rotary, apply_rotary, fused_linear, rope_inv_freq
+from strata.models.fused import load_decode_ops
+from strata.models.head import make_head
+from strata.models.layers import RMSNorm, Rotary, apply_rotary, fused_linear, rope_inv_freq
 
 
 def layer_name(i: int, suffix: str) -> str:
@@ -55,10 +57,27 @@ class DecoderLayer:
         k_cache: torch.Tensor,  # [kv_heads, cells, head_dim]
         v_cache: torch.Tensor,
         meta: AttentionMeta,
+        ops=None,  # the fused decode ops (models/fused.py), or None: torch ops
     ) -> torch.Tensor:
         cfg = self.cfg
-        t = x.shape[0]
-        qkv = self.qkv(self.input_norm(x))
+        qkv = self.qkv(self.input_norm(x, ops))
+        if (ops is not None and self.q_norm is None and isinstance(k_cache, torch.Tensor)
+                and k_cache.dtype == qkv.dtype and qkv.is_contiguous()):
+            # One pass: q and k rotated, k and v written to their cells (no qk norm, K/V in
+            # the compute dtype; `ops` is set only on the CPU).
+            q = ops.rope_write(qkv, cos.squeeze(1), sin.squeeze(1), k_cache, v_cache, meta.write_index,
+                               cfg.num_heads, cfg.num_kv_heads)
+            a = attend_written(q, k_cache, v_cache, meta)
+        else:
+            a = attend(*self._rotated(qkv, cos, sin), k_cache, v_cache, meta)
+        x, h = self.post_norm.add_and_norm(x, self.o(a), ops)
+        gate, up = self.gate_up(h).chunk(2, dim=-1)
+        return x + self.down(F.silu(gate) * up)
+
+    def _rotated(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """q [t, heads, dim], k and v [t, kv_heads, dim] of the projection, q and k rotated."""
+        cfg = self.cfg
+        t = qkv.shape[0]
         q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
         v = v.view(t, cfg.num_kv_heads, cfg.head_dim)
         if self.q_norm is not None:
@@ -67,9 +86,7 @@ class DecoderLayer:
         else:  # q and k side by side: one rotation for both
             qk = apply_rotary(qkv[:, : self.q_size + self.kv_size].view(t, -1, cfg.head_dim), cos, sin)
             q, k = qk[:, : cfg.num_heads], qk[:, cfg.num_heads :]
-        x = x + self.o(attend(q, k, v, k_cache, v_cache, meta))
-        gate, up = self.gate_up(self.post_norm(x)).chunk(2, dim=-1)
-        return x + self.down(F.silu(gate) * up)
+        return q, k, v
 
 
 class LlamaModel:
@@ -94,10 +111,20 @@ class LlamaModel:
         head = weights.get("lm_head.weight")
         if head is None:  # tied embeddings
             head = self.embed.to(self.layer_devices[-1])
-        self.lm_head = Linear(head)
-        inv_freq = rope_inv_freq(cfg, weights.get("rope_freqs"))
+        self.lm_head = make_head(head, weight_mode)
+        self.inv_freq = rope_inv_freq(cfg, weights.get("rope_freqs"))  # [head_dim / 2] float32
         self.devices = list(dict.fromkeys(self.layer_devices))
-        self.rotary = {d: Rotary(inv_freq, max_positions, dtype, d) for d in self.devices}
+        self.prepare_runtime(max_positions)
+
+    def prepare_runtime(self, max_positions: int) -> None:
+        """What is not weights: rotary tables for positions 0..max_positions-1 on every device,
+        and the fused decode ops where every layer is on the CPU (else None: torch ops)."""
+        self.rotary = {d: Rotary(self.inv_freq, max_positions, self.dtype, d) for d in self.devices}
+        self.ops = load_decode_ops() if all(d.type == "cpu" for d in self.devices) else None
+
+    def __getstate__(self) -> dict:
+        """Pickled as weights only (see loader/prepared.py): `prepare_runtime` remakes the rest."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("rotary", "ops")}
 
     def forward(
         self,
@@ -115,6 +142,6 @@ class LlamaModel:
             if x.device != dev:
                 x = x.to(dev, non_blocking=True)
             cos, sin = tables[dev]
-            x = layer(x, cos, sin, kv.k[i], kv.v[i], metas[dev])
-        x = self.norm(x.index_select(0, logits_rows))
+            x = layer(x, cos, sin, kv.k[i], kv.v[i], metas[dev], self.ops)
+        x = self.norm(x.index_select(0, logits_rows), self.ops)
         return self.lm_head(x).float()

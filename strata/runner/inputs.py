@@ -8,8 +8,19 @@ from dataclasses import dataclass
 import torch
 
 from strata.step import LaneWork
-from strata.models.attention import AttentionMeta, DecodeRows, PrefillRows
-from strata.runner.reads import ChunkCells, contiguous, runs_of, split_for_rows, strided_slots
+from strata.models.attention import AttentionMeta
+from strata.models.cell_reads import (
+    DecodeContiguous,
+    DecodeGather,
+    DecodeRead,
+    DecodeRuns,
+    DecodeSpans,
+    DecodeStrided,
+    PrefillContiguous,
+    PrefillGather,
+    PrefillRuns,
+)
+from strata.runner.reads import ChunkCells, chunk_runs, contiguous, runs_of, split_for_rows, strided_slots
 
 
 @dataclass(frozen=True)
@@ -29,7 +40,7 @@ def _write_cells(w: LaneWork, chunk_size: int) -> list[int]:
 
 
 
-def _decode_groups(decode: Sequence[LaneWork], cells: ChunkCells) -> tuple[list[LaneWork], tuple[DecodeRows, ...]]:
+def _decode_groups(decode: Sequence[LaneWork], cells: ChunkCells) -> tuple[list[LaneWork], tuple[DecodeRead, ...]]:
     """Decode rows (sorted by length) in groups padded to their longest lane; returns the
     rows in their final order and the groups.
 
@@ -41,13 +52,13 @@ def _decode_groups(decode: Sequence[LaneWork], cells: ChunkCells) -> tuple[list[
     chunks) is a group of its own, read run by run.
     """
     ordered: list[LaneWork] = []
-    groups: list[DecodeRows] = []
+    groups: list[DecodeRead] = []
     runs = [runs_of(w, cells) for w in decode]
     start = 0
     while start < len(decode):
         if runs[start] is not None:
             ordered.append(decode[start])
-            groups.append(DecodeRows(start, 1, decode[start].num_cells, None, None, cell_runs=runs[start]))
+            groups.append(DecodeRuns(start, runs[start]))
             start += 1
             continue
         end = start + 1
@@ -68,28 +79,44 @@ def _decode_groups(decode: Sequence[LaneWork], cells: ChunkCells) -> tuple[list[
             mask = torch.arange(max_cells) < torch.tensor(lens).view(-1, 1, 1, 1)  # [rows or slots, 1, 1, cells]
         one = contiguous(rows[0].chunk_ids, max_cells, cells.chunk_size) if len(rows) == 1 else None
         if one is not None:
-            groups.append(DecodeRows(start, 1, max_cells, None, None, one))
-        elif len(rows) == 1:  # the kept index itself: no padding, no copy
-            groups.append(DecodeRows(start, 1, max_cells, cells.cells(rows[0].chunk_ids, max_cells), None))
+            groups.append(DecodeContiguous(start, one))
         elif strided is not None:
             num_slots = strided.slots[-1] + 1
             slots = None if num_slots == len(rows) else torch.tensor(strided.slots, dtype=torch.long)
-            groups.append(DecodeRows(start, len(rows), max_cells, None, mask,
-                                     cell_strided=(strided.first, strided.distance, num_slots), slots=slots))
+            groups.append(DecodeStrided(start, len(rows), max_cells, strided.first, strided.distance, num_slots,
+                                        slots, mask))
+        elif len(rows) == 1:  # the kept index itself: no padding, no copy
+            groups.append(DecodeGather(start, 1, max_cells, cells.cells(rows[0].chunk_ids, max_cells), None))
         else:
             index = torch.zeros(len(rows), max_cells, dtype=torch.long)
             for r, w in enumerate(rows):
                 index[r, : w.num_cells] = cells.cells(w.chunk_ids, w.num_cells)
-            groups.append(DecodeRows(start, len(rows), max_cells, index.view(-1), mask))
+            groups.append(DecodeGather(start, len(rows), max_cells, index.view(-1), mask))
         start = end
     return ordered, tuple(groups)
 
 
-def build_inputs(work: Sequence[LaneWork], cells: ChunkCells) -> StepInputs:
+def _decode_spans(decode: Sequence[LaneWork], chunk_size: int, ops) -> DecodeSpans:
+    """All decoding lanes as one group for the fused kernel: each lane's chunk table as runs
+    of consecutive chunks, the last cut to the lane's length."""
+    spans: list[tuple[int, int]] = []
+    row_spans = [0]
+    for w in decode:
+        for run in chunk_runs(w.chunk_ids, w.num_cells, chunk_size):
+            spans.append((run.start, run.stop - run.start))
+        row_spans.append(len(spans))
+    return DecodeSpans(0, len(decode), torch.tensor(spans, dtype=torch.long).view(-1, 2),
+                       torch.tensor(row_spans, dtype=torch.long), ops)
+
+
+def build_inputs(work: Sequence[LaneWork], cells: ChunkCells, ops=None) -> StepInputs:
+    """`ops`: the fused decode ops (every decoding lane read by one kernel call), or None."""
     chunk_size = cells.chunk_size
-    decode, decode_groups = _decode_groups(
-        sorted((w for w in work if len(w.token_ids) == 1), key=lambda w: w.num_cells), cells
-    )
+    decode = sorted((w for w in work if len(w.token_ids) == 1), key=lambda w: w.num_cells)
+    if ops is not None and decode:
+        decode_groups: tuple[DecodeRead, ...] = (_decode_spans(decode, chunk_size, ops),)
+    else:
+        decode, decode_groups = _decode_groups(decode, cells)
     prefill = [w for w in work if len(w.token_ids) > 1]
     ordered = tuple(decode + prefill)
     ids: list[int] = []
@@ -106,11 +133,12 @@ def build_inputs(work: Sequence[LaneWork], cells: ChunkCells) -> StepInputs:
         n = len(w.token_ids)
         cell_slice = contiguous(w.chunk_ids, w.num_cells, chunk_size)
         runs = None if cell_slice is not None else runs_of(w, cells)
-        if runs is not None:
-            prefills.append(PrefillRows(row, row + n, w.num_cells, None, None, *split_for_rows(runs, w.num_cells, n)))
+        if cell_slice is not None:
+            prefills.append(PrefillContiguous(row, row + n, cell_slice))
+        elif runs is not None:
+            prefills.append(PrefillRuns(row, row + n, *split_for_rows(runs, w.num_cells, n)))
         else:
-            cell_index = None if cell_slice is not None else cells.cells(w.chunk_ids, w.num_cells)
-            prefills.append(PrefillRows(row, row + n, w.num_cells, cell_slice, cell_index))
+            prefills.append(PrefillGather(row, row + n, cells.cells(w.chunk_ids, w.num_cells)))
         row += n
 
     sample_rows, sample_work = [], []
@@ -129,22 +157,3 @@ def build_inputs(work: Sequence[LaneWork], cells: ChunkCells) -> StepInputs:
         torch.tensor(sample_rows, dtype=torch.long),
         tuple(sample_work),
     )
-
-
-def meta_to(meta: AttentionMeta, device: torch.device) -> AttentionMeta:
-    """The same addressing with its tensors on `device`."""
-
-    def mv(t):
-        return None if t is None else t.to(device, non_blocking=True)
-
-    decode = tuple(
-        DecodeRows(d.row_start, d.num_rows, d.max_cells, mv(d.cell_index), mv(d.mask), d.cell_slice, d.cell_strided,
-                   mv(d.slots), d.cell_runs)
-        for d in meta.decode
-    )
-    prefills = tuple(
-        PrefillRows(p.row_start, p.row_end, p.num_cells, p.cell_slice, mv(p.cell_index), p.cell_runs,
-                    tuple(mv(m) for m in p.run_masks) if p.run_masks is not None else None)
-        for p in meta.prefills
-    )
-    return AttentionMeta(mv(meta.write_index), decode, prefills)

@@ -86,20 +86,26 @@ def strided_slots(rows: Sequence[LaneWork], max_cells: int, cells: ChunkCells) -
 MAX_RUNS = 8
 
 
-def runs_of(w: LaneWork, cells: ChunkCells) -> tuple[slice, ...] | None:
-    """A long lane's cells as a few contiguous runs of storage, when it is read run by run
-    (no copy of its K/V) rather than gathered; None otherwise."""
-    if cells.num_cells is None or w.num_cells < cells.runs_min_cells:
-        return None
-    c = cells.chunk_size
-    ids = w.chunk_ids[: -(-w.num_cells // c)]
+def chunk_runs(chunk_ids: Sequence[int], num_cells: int, chunk_size: int) -> list[slice]:
+    """The flat cells of a table's first `num_cells` positions as runs of consecutive chunks."""
+    c = chunk_size
+    ids = chunk_ids[: -(-num_cells // c)]
     runs: list[slice] = []
     first = 0
     for i in range(1, len(ids) + 1):
         if i == len(ids) or ids[i] != ids[i - 1] + 1:
             runs.append(slice(ids[first] * c, ids[i - 1] * c + c))
             first = i
-    runs[-1] = slice(runs[-1].start, runs[-1].stop - (len(ids) * c - w.num_cells))
+    runs[-1] = slice(runs[-1].start, runs[-1].stop - (len(ids) * c - num_cells))
+    return runs
+
+
+def runs_of(w: LaneWork, cells: ChunkCells) -> tuple[slice, ...] | None:
+    """A long lane's cells as a few contiguous runs of storage, when it is read run by run
+    (no copy of its K/V) rather than gathered; None otherwise."""
+    if cells.num_cells is None or w.num_cells < cells.runs_min_cells:
+        return None
+    runs = chunk_runs(w.chunk_ids, w.num_cells, cells.chunk_size)
     return tuple(runs) if 1 < len(runs) <= MAX_RUNS else None
 
 

@@ -8,7 +8,7 @@ import torch
 
 from strata.kv.storage import KVStorage
 from strata.models.llama import LlamaModel
-from strata.runner.inputs import build_inputs, meta_to
+from strata.runner.inputs import build_inputs
 from strata.runner.reads import ChunkCells
 from strata.sampler import Sampler
 from strata.sampling import SamplingParams
@@ -24,6 +24,10 @@ class ModelRunner:
         # have mishandled unusual K/V strides, and none was lent to test them; they gather.
         is_cpu = all(d.type == "cpu" for d in model.devices)
         self.cells = ChunkCells(kv.chunk_size, kv.num_chunks * kv.chunk_size if is_cpu else None)
+        # Every decoding lane through the fused kernel where the model has the ops (CPU) and
+        # the K/V is bf16 or f32 (int8 cells are dequantised by the torch reads).
+        fusable = kv.dtype in (torch.bfloat16, torch.float32) and kv.dtype == model.dtype
+        self.ops = model.ops if fusable else None
         self.first_device = model.layer_devices[0]
         self.last_device = model.layer_devices[-1]
 
@@ -43,8 +47,8 @@ class ModelRunner:
         self.kv.copy_cells(plan.copies)
         if not plan.work:
             return StepOutput(())
-        inputs = build_inputs(plan.work, self.cells)
-        metas = {d: meta_to(inputs.meta, d) for d in self.model.devices}
+        inputs = build_inputs(plan.work, self.cells, self.ops)
+        metas = {d: inputs.meta.to(d) for d in self.model.devices}
         positions = {d: inputs.positions.to(d, non_blocking=True) for d in self.model.devices}
         logits = self.model.forward(
             inputs.input_ids.to(self.first_device, non_blocking=True),
@@ -65,7 +69,7 @@ class ModelRunner:
         """Float32 logits for every token row of `work` (tests compare them with transformers)."""
         inputs = build_inputs(work, self.cells)
         rows = torch.arange(inputs.input_ids.numel())
-        metas = {d: meta_to(inputs.meta, d) for d in self.model.devices}
+        metas = {d: inputs.meta.to(d) for d in self.model.devices}
         positions = {d: inputs.positions.to(d) for d in self.model.devices}
         return self.model.forward(
             inputs.input_ids.to(self.first_device), positions, metas, self.kv, rows.to(self.last_device)

@@ -32,6 +32,9 @@ SERVE_DEFAULT_BATCH = 3
 # Prompt tokens per step while serving: a step that also reads a prompt piece stays near
 # 200 ms with 8 lanes decoding on 2 cores (benchmarks/serve.py), so no stream stalls long.
 SERVE_DEFAULT_PREFILL_CHUNK = 96
+# A lone prompt (no lane decoding, so no decode gap to protect) is read in pieces this big:
+# one step for most prompts, as a single-request server would.
+SERVE_DEFAULT_PREFILL_ALONE = 2048
 # uvicorn's own limit (open connections, idle keep-alive ones included, or tasks) is this
 # many times --max-connections: a backstop that answers a bare 503 only when clients hold
 # far more connections open than the server works on.
@@ -108,7 +111,8 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
         help="the directory POST /slots/{id}?action=save|restore keeps session files in "
         "(file names only, confined to DIR); absent, those actions answer 403",
     )
-    add_engine_args(s, default_batch=SERVE_DEFAULT_BATCH, default_prefill_chunk=SERVE_DEFAULT_PREFILL_CHUNK)
+    add_engine_args(s, default_batch=SERVE_DEFAULT_BATCH, default_prefill_chunk=SERVE_DEFAULT_PREFILL_CHUNK,
+                    default_prefill_alone=SERVE_DEFAULT_PREFILL_ALONE)
     s.set_defaults(func=cmd_serve)
 
 

@@ -47,6 +47,7 @@ BAD_VALUES = [
     ("kv_pool_tokens", "8192", "--kv-pool-tokens", "integer"),
     ("prefill_chunk", 0, "--prefill-chunk", "at least 1"),
     ("prefill_chunk", True, "--prefill-chunk", "integer"),
+    ("prefill_alone", 0, "--prefill-alone", "at least 1"),
     ("threads", 0, "--threads", "at least 1"),
     ("threads", True, "--threads", "integer"),
     ("threads", 2.0, "--threads", "integer"),

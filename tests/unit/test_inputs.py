@@ -7,6 +7,15 @@ import torch
 
 from strata.step import LaneWork
 from strata.models.attention import attend
+from strata.models.cell_reads import (
+    DecodeContiguous,
+    DecodeGather,
+    DecodeRuns,
+    DecodeStrided,
+    PrefillContiguous,
+    PrefillGather,
+    PrefillRuns,
+)
 from strata.runner.inputs import build_inputs
 from strata.runner.reads import ChunkCells
 
@@ -28,15 +37,14 @@ def test_decode_rows_come_first_and_address_their_cells():
     assert inp.positions.tolist() == [3, 6, 0, 1, 2]
     assert inp.meta.write_index.tolist() == [7 * c + 3, 3 * c + 2, 5 * c, 5 * c + 1, 5 * c + 2]
     (d,) = inp.meta.decode  # 4 and 7 cells: within 2x of each other, one padded group
-    assert (d.row_start, d.num_rows, d.max_cells) == (0, 2, 7)
+    assert isinstance(d, DecodeGather) and (d.row_start, d.num_rows, d.max_cells) == (0, 2, 7)
     rows = d.cell_index.view(2, 7).tolist()
     assert rows[0][:4] == [28, 29, 30, 31]
     assert rows[1] == [0, 1, 2, 3, 12, 13, 14]  # chunk 0 then chunk 3
     assert d.mask.shape == (2, 1, 1, 7)
     assert d.mask[0, 0, 0].tolist() == [True] * 4 + [False] * 3 and d.mask[1].all()
     (p,) = inp.meta.prefills
-    assert (p.row_start, p.row_end, p.num_cells) == (2, 5, 3)
-    assert p.cell_slice == slice(20, 23)  # one chunk: read in place
+    assert p == PrefillContiguous(2, 5, slice(20, 23))  # rows 2..4 over one chunk: read in place
     assert inp.logits_rows.tolist() == [0, 1, 4]
 
 
@@ -50,19 +58,20 @@ def test_a_long_lane_does_not_pad_the_short_ones():
     ]
     inp = build_inputs(ws, ChunkCells(c))
     assert [w.lane for w in inp.work] == [1, 2, 3, 0]
-    groups = [(d.row_start, d.num_rows, d.max_cells) for d in inp.meta.decode]
-    assert groups == [(0, 2, 6), (2, 1, 41), (3, 1, 100)]
-    assert inp.meta.decode[2].cell_slice == slice(0, 100)  # chunks 0..12 are contiguous
-    assert inp.meta.decode[1].cell_slice is None and inp.meta.decode[1].mask is None
+    short, mid, long = inp.meta.decode
+    assert isinstance(short, DecodeGather) and (short.row_start, short.num_rows, short.max_cells) == (0, 2, 6)
+    assert isinstance(mid, DecodeGather) and (mid.row_start, mid.num_rows, mid.max_cells) == (2, 1, 41)
+    assert mid.mask is None
+    assert long == DecodeContiguous(3, slice(0, 100))  # chunks 0..12 are contiguous
 
 
 def test_prefill_piece_after_cached_cells_gets_an_offset_causal_mask():
     c = 4
     inp = build_inputs([work(0, [1, 2, 3], 5, [9, 4, 6], sample=False)], ChunkCells(c))  # chunks not contiguous
     (p,) = inp.meta.prefills
-    assert p.cell_slice is None
+    assert isinstance(p, PrefillGather)
     assert p.cell_index.tolist() == [36, 37, 38, 39, 16, 17, 18, 19]
-    assert (p.row_start, p.row_end, p.num_cells) == (0, 3, 8)  # rows 5..7 of 8 cells
+    assert (p.row_start, p.row_end) == (0, 3)  # rows 5..7 of 8 cells
     assert inp.logits_rows.tolist() == [] and inp.sample_work == ()
 
 
@@ -70,9 +79,9 @@ def test_contiguous_chunks_are_read_in_place():
     c = 4
     inp = build_inputs([work(0, [7], 9, [2, 3, 4])], ChunkCells(c))  # a single decoding lane over chunks 2,3,4
     (d,) = inp.meta.decode
-    assert d.cell_slice == slice(8, 18) and d.cell_index is None and d.mask is None
+    assert d == DecodeContiguous(0, slice(8, 18))
     two = build_inputs([work(0, [7], 9, [2, 3, 4]), work(1, [8], 0, [0])], ChunkCells(c))
-    assert [g.cell_slice for g in two.meta.decode] == [slice(0, 1), slice(8, 18)]  # 1 and 10 cells: two groups
+    assert two.meta.decode == (DecodeContiguous(0, slice(0, 1)), DecodeContiguous(1, slice(8, 18)))  # two groups
 
 
 def test_chunk_cells_are_kept_across_steps():
@@ -91,8 +100,7 @@ def test_evenly_spaced_lanes_are_read_through_one_strided_view_in_address_order(
     ws = [work(0, [1], 5, [4]), work(1, [2], 6, [0]), work(2, [3], 4, [2])]
     inp = build_inputs(ws, ChunkCells(c, num_cells=6 * c))
     (d,) = inp.meta.decode
-    assert d.cell_strided == (0, 16, 3) and d.slots is None
-    assert d.cell_index is None and d.cell_slice is None
+    assert isinstance(d, DecodeStrided) and (d.first, d.distance, d.num_slots) == (0, 16, 3) and d.slots is None
     assert (d.row_start, d.num_rows, d.max_cells) == (0, 3, 7)
     assert [w.lane for w in inp.work] == [1, 2, 0]  # by address, not by length
     assert inp.input_ids.tolist() == [2, 3, 1] and inp.positions.tolist() == [6, 4, 5]
@@ -106,7 +114,7 @@ def test_lanes_on_a_grid_with_gaps_are_read_with_empty_slots_between():
     ws = [work(0, [1], 5, [4]), work(1, [2], 6, [0]), work(2, [3], 4, [1])]  # at 32, 0, 8
     inp = build_inputs(ws, ChunkCells(c, num_cells=6 * c))
     (d,) = inp.meta.decode
-    assert d.cell_strided == (0, 8, 5) and d.slots.tolist() == [0, 1, 4]
+    assert (d.first, d.distance, d.num_slots) == (0, 8, 5) and d.slots.tolist() == [0, 1, 4]
     assert [w.lane for w in inp.work] == [1, 2, 0]
     # one mask row per slot: the empty slots 2 and 3 attend to everything they read
     assert d.mask[:, 0, 0].sum(-1).tolist() == [7, 5, 7, 7, 6]
@@ -116,15 +124,15 @@ def test_strided_reads_only_when_few_slots_are_empty_and_reads_stay_in_bounds():
     c = 8
     sparse = [work(0, [1], 5, [10]), work(1, [2], 6, [0]), work(2, [3], 4, [1])]  # 11 slots for 3 rows
     (d,) = build_inputs(sparse, ChunkCells(c, num_cells=12 * c)).meta.decode
-    assert d.cell_strided is None and d.cell_index is not None
+    assert isinstance(d, DecodeGather)
     # 16 and 8 cells at 0 and 16: the second row's padded read ends at 32
     ws = [work(0, [1], 15, [0, 1]), work(1, [2], 7, [2])]
     (d,) = build_inputs(ws, ChunkCells(c, num_cells=3 * c)).meta.decode
-    assert d.cell_strided is None and d.cell_index is not None
+    assert isinstance(d, DecodeGather)
     (d,) = build_inputs(ws, ChunkCells(c, num_cells=4 * c)).meta.decode
-    assert d.cell_strided == (0, 16, 2)
+    assert isinstance(d, DecodeStrided) and (d.first, d.distance, d.num_slots) == (0, 16, 2)
     (d,) = build_inputs(ws, ChunkCells(c)).meta.decode  # storage size unknown: gather
-    assert d.cell_strided is None
+    assert isinstance(d, DecodeGather)
 
 
 @pytest.mark.parametrize("gap", [False, True])
@@ -148,7 +156,7 @@ def test_strided_gathered_and_per_lane_decode_attention_agree(gap):
     strided = run(ChunkCells(c, num_cells=11 * c), ws)
     gathered = run(ChunkCells(c), ws)
     (d,) = build_inputs(ws, ChunkCells(c, num_cells=11 * c)).meta.decode
-    assert d.cell_strided == ((0, 24, 4) if gap else (0, 24, 3))
+    assert isinstance(d, DecodeStrided) and (d.first, d.distance, d.num_slots) == ((0, 24, 4) if gap else (0, 24, 3))
     assert (d.slots is not None) == gap
     for lane in range(3):
         alone = run(ChunkCells(c), [ws[lane]])[lane]
@@ -163,17 +171,16 @@ def test_a_long_lane_in_a_few_runs_is_read_run_by_run():
     ws = [work(0, [1], 19, [3, 4, 9]), work(1, [2], 4, [0]), work(2, [3], 16, [1, 2, 5])]
     inp = build_inputs(ws, cells)
     assert [w.lane for w in inp.work] == [1, 2, 0]
-    got = [(d.row_start, d.num_rows, d.max_cells, d.cell_slice, d.cell_runs) for d in inp.meta.decode]
-    assert got == [
-        (0, 1, 5, slice(0, 5), None),  # short: read in place
-        (1, 1, 17, None, (slice(8, 24), slice(40, 41))),
-        (2, 1, 20, None, (slice(24, 40), slice(72, 76))),
-    ]
+    assert inp.meta.decode == (
+        DecodeContiguous(0, slice(0, 5)),  # short: read in place
+        DecodeRuns(1, (slice(8, 24), slice(40, 41))),  # 17 cells
+        DecodeRuns(2, (slice(24, 40), slice(72, 76))),  # 20 cells
+    )
     scattered = work(0, [1], 69, [0, 2, 4, 6, 8, 10, 12, 14, 16])  # 9 runs: gathered
     (d,) = build_inputs([scattered], cells).meta.decode
-    assert d.cell_runs is None and d.cell_index is not None
+    assert isinstance(d, DecodeGather)
     (d,) = build_inputs(ws[:1], ChunkCells(c, runs_min_cells=16)).meta.decode  # accelerators: gathered
-    assert d.cell_runs is None and d.cell_index is not None
+    assert isinstance(d, DecodeGather)
 
 
 def test_run_by_run_and_gathered_decode_attention_agree():
@@ -192,7 +199,7 @@ def test_run_by_run_and_gathered_decode_attention_agree():
         return {w.lane: out[r] for r, w in enumerate(inp.work)}
 
     by_runs = ChunkCells(c, num_cells=40 * c, runs_min_cells=16)
-    assert [len(d.cell_runs or ()) for d in build_inputs(ws, by_runs).meta.decode] == [0, 2, 3]
+    assert [len(getattr(d, "runs", ())) for d in build_inputs(ws, by_runs).meta.decode] == [0, 2, 3]
     runs, gathered = run(by_runs), run(ChunkCells(c))
     for lane in range(3):
         torch.testing.assert_close(runs[lane], gathered[lane], rtol=1e-5, atol=1e-5)
@@ -203,14 +210,14 @@ def test_a_prompt_piece_of_a_long_lane_in_runs_sees_up_to_its_own_cell():
     cells = ChunkCells(c, num_cells=40 * c, runs_min_cells=16)
     (p,) = build_inputs([work(0, [5, 6, 7, 8, 9, 10, 11], 13, [3, 4, 9])], cells).meta.prefills  # rows 13..19
     # every row sees positions 0..13 (cells 24..38); positions 14, 15 and 16..19 by row
-    assert p.cell_runs == (slice(24, 38), slice(38, 40), slice(72, 76)) and p.cell_index is None
+    assert isinstance(p, PrefillRuns) and p.runs == (slice(24, 38), slice(38, 40), slice(72, 76))
     everyone, tail, last = p.run_masks
     assert everyone is None and tail.shape == (7, 2) and last.shape == (7, 4)
     assert tail.tolist() == [[False, False], [True, False]] + [[True, True]] * 5  # row 13 sees neither
     assert last[:3].sum().item() == 0  # rows 13..15 see nothing of positions 16..19
     assert last[3:].tolist() == [[j <= i for j in range(4)] for i in range(4)]
     (p,) = build_inputs([work(0, [5, 6], 18, [3, 4, 9])], cells).meta.prefills
-    assert p.cell_runs == (slice(24, 40), slice(72, 75), slice(75, 76))
+    assert p.runs == (slice(24, 40), slice(72, 75), slice(75, 76))
     assert p.run_masks[:2] == (None, None) and p.run_masks[2].tolist() == [[False], [True]]
 
 
@@ -225,7 +232,7 @@ def test_run_by_run_and_gathered_prefill_attention_agree(start, num_new):
     k_new, v_new = torch.randn(num_new, kv_heads, dim), torch.randn(num_new, kv_heads, dim)
     by_runs = ChunkCells(c, num_cells=40 * c, runs_min_cells=16)
     meta = build_inputs([w], by_runs).meta
-    assert meta.prefills[0].cell_runs is not None
+    assert isinstance(meta.prefills[0], PrefillRuns)
     got = attend(q, k_new, v_new, k_cache.clone(), v_cache.clone(), meta)
     want = attend(q, k_new, v_new, k_cache.clone(), v_cache.clone(), build_inputs([w], ChunkCells(c)).meta)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -68,6 +68,22 @@ def R(*ids):
 # ---- admission order and prefill pieces ------------------------------------------------------
 
 
+def test_prompts_take_the_larger_budget_only_while_no_lane_decodes():
+    s = Scheduler(pooled(16), num_lanes=2, max_context=32, prefill_chunk=6, prefill_alone=15)
+    d = Driver(s)
+    s.add("a", list(range(1, 11)))
+    s.add("b", list(range(11, 22)))
+    p = d.step()  # nothing decodes yet: 15 prompt tokens, a whole then the start of b
+    assert p.work == (LaneWork(0, "a", R(1, 11), 0, (0, 1, 2), True), LaneWork(1, "b", R(11, 16), 0, (3, 4, 5), False))
+    p = d.step()  # a decodes now: back to pieces of 6, so its gap stays one small step
+    assert p.work == (LaneWork(0, "a", (1000,), 10, (0, 1, 2), True), LaneWork(1, "b", R(16, 22), 5, (3, 4, 5), True))
+    s.finish("a")
+    s.finish("b")
+    s.add("c", list(range(40, 60)))
+    p = d.step()  # alone again: 15 of its 20 tokens
+    assert [(w.request_id, len(w.token_ids)) for w in p.work] == [("c", 15)]
+
+
 @pytest.mark.parametrize("kind", ["pooled", "reserved"])
 def test_admission_order_and_prefill_pieces(kind):
     layout = pooled(16) if kind == "pooled" else ReservedLayout(2, 32, 4)

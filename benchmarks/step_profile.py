@@ -1,0 +1,118 @@
+"""Where one decode step's time goes, op by op: the fused CPU ops against torch ops.
+
+    python benchmarks/step_profile.py [--lanes 1 8] [--steps 20] [--threads 2]
+
+The default model in bf16 (`--weights auto`), each lane at ~560 cells of context (a
+512-token prompt, then decoding), as in `../shared/notes/decode-step-profile.md`. For each
+lane count, one engine profiles `--steps` engine steps under `torch.profiler` with the
+fused decode ops (strata/csrc) and with them off (`STRATA_FUSED=0` semantics: the model's
+torch ops), interleaved. The table lists, per arm, ms per step for the heaviest ops by
+self CPU time; the JSON has every op; the PNG stacks each arm's step by op.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.common import RESULTS_DIR, print_table, write_json
+from benchmarks.decode import prompt_ids
+
+TOP = 8
+
+
+def profile_steps(engine, steps: int) -> tuple[float, dict[str, float]]:
+    """(ms per step, op -> self CPU ms per step) over `steps` steps."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        t = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        wall = (time.perf_counter() - t) / steps * 1e3
+    ops = {e.key: e.self_cpu_time_total / 1e3 / steps for e in prof.key_averages()}
+    return wall, ops
+
+
+def run(lanes: int, steps: int, threads: int) -> dict:
+    import torch
+
+    from strata.config import EngineConfig
+    from strata.engine.engine import Engine
+    from strata.sampling import SamplingParams
+
+    torch.set_num_threads(threads)
+    engine = Engine(EngineConfig(dtype="bfloat16", weights="auto", max_context=1024, kv_chunk=128,
+                                 batch=lanes - 1, prefill_chunk=512, threads=threads), progress=False)
+    params = SamplingParams(temperature=0, max_tokens=4 * steps + 64, ignore_eos=True)
+    for i in range(lanes):
+        engine.add_request(prompt_ids(engine.tokenizer, 512, 20 + i), params)
+    for _ in range(lanes + 16):  # prompts read, a few warm decode steps
+        engine.step()
+    ops = engine.model.ops
+    out = {}
+    for arm in ("fused", "torch", "fused", "torch"):
+        engine.model.ops = engine.runner.ops = ops if arm == "fused" else None
+        wall, by_op = profile_steps(engine, steps)
+        prev = out.get(arm)
+        if prev is None or wall < prev["ms_per_step"]:  # the quieter of two rounds
+            out[arm] = {"ms_per_step": wall, "ops": by_op}
+    engine.model.ops = engine.runner.ops = ops
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--lanes", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args()
+    results = {}
+    for lanes in args.lanes:
+        res = results[lanes] = run(lanes, args.steps, args.threads)
+        top = sorted(set(sorted(res["torch"]["ops"], key=res["torch"]["ops"].get)[-TOP:])
+                     | set(sorted(res["fused"]["ops"], key=res["fused"]["ops"].get)[-TOP:]),
+                     key=lambda k: -max(res["torch"]["ops"].get(k, 0), res["fused"]["ops"].get(k, 0)))
+        rows = [[op, res["torch"]["ops"].get(op, 0.0), res["fused"]["ops"].get(op, 0.0)] for op in top]
+        rows.append(["step (wall)", res["torch"]["ms_per_step"], res["fused"]["ms_per_step"]])
+        rows.append(["tok/s", lanes * 1e3 / res["torch"]["ms_per_step"], lanes * 1e3 / res["fused"]["ms_per_step"]])
+        print_table(f"decode step, {lanes} lane(s) at ~560 cells, bf16, {args.threads} threads: self CPU ms per "
+                    f"step (fused / torch = {res['torch']['ms_per_step'] / res['fused']['ms_per_step']:.2f}x faster)",
+                    ["op", "torch ops", "fused ops"], rows)
+    path = write_json("step_profile.json", {"args": vars(args), "results": results})
+    plot(results, os.path.join(RESULTS_DIR, "step_profile.png"))
+    print(f"raw numbers: {path}")
+
+
+def plot(results: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4.5), squeeze=False)
+    for ax, (lanes, res) in zip(axes[0], results.items()):
+        ops = sorted({op for arm in res.values() for op in arm["ops"]},
+                     key=lambda op: -max(arm["ops"].get(op, 0) for arm in res.values()))[:TOP]
+        for x, arm in enumerate(("torch", "fused")):
+            bottom = 0.0
+            for i, op in enumerate(ops):
+                h = res[arm]["ops"].get(op, 0.0)
+                ax.bar(x, h, bottom=bottom, color=f"C{i}", label=op if x == 0 else None)
+                bottom += h
+            ax.bar(x, max(0.0, res[arm]["ms_per_step"] - bottom), bottom=bottom, color="lightgrey",
+                   label="everything else" if x == 0 else None)
+        ax.set_xticks([0, 1], ["torch ops", "fused ops"])
+        ax.set_ylabel("ms per decode step")
+        ax.set_title(f"{lanes} lane(s)")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()

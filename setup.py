@@ -1,0 +1,22 @@
+"""Builds strata's optional C++ extension (strata/csrc) with torch's own build helpers.
+
+Everything else is in pyproject.toml. The extension is optional: where it cannot be
+built (no compiler), the install goes on and strata runs torch ops instead
+(strata/models/fused.py). Build it without pip's build isolation (`make venv` does), so
+it compiles against the installed torch rather than a fresh download of one.
+"""
+
+from setuptools import setup
+
+try:
+    from torch.utils.cpp_extension import BuildExtension, CppExtension
+except ImportError:  # no torch in the build environment: no extension
+    ext_modules, cmdclass = [], {}
+else:
+    # x86-64-v3 (AVX2, FMA, F16C): fused.py loads the module only on CPUs that have them.
+    ext_modules = [CppExtension("strata._decode_ops", ["strata/csrc/decode_ops.cpp"],
+                                extra_compile_args=["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp-simd"],
+                                optional=True)]
+    cmdclass = {"build_ext": BuildExtension.with_options(use_ninja=False)}
+
+setup(ext_modules=ext_modules, cmdclass=cmdclass)

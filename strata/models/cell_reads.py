@@ -1,0 +1,262 @@
+"""The ways attention reads a lane's cells, one type each.
+
+Decode rows (one new token per lane):
+- `DecodeContiguous`: one lane whose cells are one run of storage, read in place;
+- `DecodeStrided`: lanes evenly spaced in storage (the reserved layout), one strided view;
+- `DecodeRuns`: one long lane in a few runs of chunks, each read in place, merged by
+  log-sum-exp;
+- `DecodeGather`: lanes gathered through flat cell indices, padded to the longest;
+- `DecodeSpans`: every decoding lane in one call of the fused CPU kernel, each lane's
+  cells as runs of storage read in place (models/fused.py; the others are torch ops).
+Prefill pieces (a lane's new tokens, each attending to the cells up to its own):
+- `PrefillContiguous`, `PrefillGather`, `PrefillRuns`: the same three ways.
+
+Each type's `attend(q, k_cache, v_cache)` takes its own rows' rotated queries [rows,
+heads, dim] and returns [rows, heads, dim]; a cache is [kv_heads, cells, dim] in the K/V
+dtype, or `Int8Cells`, dequantised exactly where read. `to(device)` moves its tensors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+
+from strata.kv.quant import Int8Cells, strided
+
+Cache = torch.Tensor | Int8Cells
+
+
+def _moved(obj, device: torch.device):
+    """`obj` with every tensor field (and tuple of tensors) on `device`."""
+    changes = {}
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        if isinstance(v, torch.Tensor):
+            changes[f.name] = v.to(device, non_blocking=True)
+        elif isinstance(v, tuple) and any(isinstance(t, torch.Tensor) for t in v):
+            changes[f.name] = tuple(None if t is None else t.to(device, non_blocking=True) for t in v)
+    return dataclasses.replace(obj, **changes) if changes else obj
+
+
+def read(cache: Cache, cells: slice | torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[kv_heads, cells, head_dim] in `dtype`: a view of a slice where the dtypes agree, else a copy."""
+    if isinstance(cache, Int8Cells):
+        return cache.read(cells, dtype)
+    return cache[:, cells].to(dtype)
+
+
+def _grouped(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
+    """[rows, heads, dim] -> [rows, kv_heads, group, dim]: a K/V head's query heads are its
+    query rows for SDPA, so K/V is read once per K/V head and never expanded."""
+    rows, heads, dim = q.shape
+    return q.view(rows, num_kv_heads, heads // num_kv_heads, dim)
+
+
+@dataclass(frozen=True)
+class DecodeContiguous:
+    kind: ClassVar[str] = "contiguous"
+    row_start: int
+    cells: slice  # the lane's cells, flat
+
+    num_rows = 1
+
+    def attend(self, q: torch.Tensor, k_cache: Cache, v_cache: Cache) -> torch.Tensor:
+        k = read(k_cache, self.cells, q.dtype).unsqueeze(0)  # [1, kvh, cells, dim], a view
+        v = read(v_cache, self.cells, q.dtype).unsqueeze(0)
+        o = F.scaled_dot_product_attention(_grouped(q, k.shape[1]), k, v)
+        return o.reshape(q.shape)
+
+    def to(self, device: torch.device) -> DecodeContiguous:
+        return self
+
+
+@dataclass(frozen=True)
+class DecodeStrided:
+    """Slot s's cells start at `first + s * distance`; rows are slots `slots` (None: row r is
+    slot r). Padding reads other lanes' cells (written or zero, never garbage), masked."""
+
+    kind: ClassVar[str] = "strided"
+    row_start: int
+    num_rows: int
+    max_cells: int
+    first: int
+    distance: int
+    num_slots: int
+    slots: torch.Tensor | None  # [rows] long
+    mask: torch.Tensor | None  # [slots, 1, 1, max_cells] bool, True on the slot's own cells
+
+    def attend(self, q: torch.Tensor, k_cache: Cache, v_cache: Cache) -> torch.Tensor:
+        k, v = self._view(k_cache, q.dtype), self._view(v_cache, q.dtype)  # [slots, kvh, cells, dim]
+        qg = _grouped(q, k.shape[1])
+        if self.slots is not None:  # slots no row uses get zero queries; their output is dropped
+            full = q.new_zeros(self.num_slots, *qg.shape[1:])
+            full[self.slots] = qg
+            return F.scaled_dot_product_attention(full, k, v, attn_mask=self.mask)[self.slots].reshape(q.shape)
+        return F.scaled_dot_product_attention(qg, k, v, attn_mask=self.mask).reshape(q.shape)
+
+    def _view(self, cache: Cache, dtype: torch.dtype) -> torch.Tensor:
+        if isinstance(cache, Int8Cells):
+            return cache.read_strided(self.first, self.distance, self.num_slots, self.max_cells, dtype)
+        return strided(cache, self.first, self.distance, self.num_slots, self.max_cells).to(dtype)
+
+    def to(self, device: torch.device) -> DecodeStrided:
+        return _moved(self, device)
+
+
+@dataclass(frozen=True)
+class DecodeGather:
+    kind: ClassVar[str] = "gathered"
+    row_start: int
+    num_rows: int
+    max_cells: int
+    cell_index: torch.Tensor  # [rows * max_cells] flat cells (padding reads cell 0)
+    mask: torch.Tensor | None  # [rows, 1, 1, max_cells] bool; None: no padding
+
+    def attend(self, q: torch.Tensor, k_cache: Cache, v_cache: Cache) -> torch.Tensor:
+        rows, _, dim = q.shape
+        kvh = k_cache.shape[0]
+        # Advanced indexing gathers along cells about 4x faster than index_select(1, ...).
+        k = read(k_cache, self.cell_index, q.dtype).view(kvh, rows, self.max_cells, dim).transpose(0, 1)
+        v = read(v_cache, self.cell_index, q.dtype).view(kvh, rows, self.max_cells, dim).transpose(0, 1)
+        return F.scaled_dot_product_attention(_grouped(q, kvh), k, v, attn_mask=self.mask).reshape(q.shape)
+
+    def to(self, device: torch.device) -> DecodeGather:
+        return _moved(self, device)
+
+
+def attend_runs(
+    q: torch.Tensor,  # [rows, heads, dim]: one lane's new tokens
+    k_cache: Cache,
+    v_cache: Cache,
+    runs: tuple[slice, ...],
+    masks: tuple[torch.Tensor | None, ...],  # per run: [rows, run cells] bool, None: all seen
+) -> torch.Tensor:
+    """One lane's rows over cells in a few contiguous runs, without copying them: attention
+    over each run in place, merged by each run's log-sum-exp (CPU: the kernel SDPA itself
+    uses, which also returns the log-sum-exp). Returns [rows, heads, dim]."""
+    rows, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[0]
+    group = num_heads // num_kv_heads
+    # A K/V head's query heads, each over every row, are its query rows: [1, kvh, group * rows, dim].
+    qg = q.view(rows, num_kv_heads, group, head_dim).permute(1, 2, 0, 3).reshape(1, num_kv_heads, -1, head_dim)
+    outs, lses = [], []
+    for run, mask in zip(runs, masks):
+        k = read(k_cache, run, q.dtype).unsqueeze(0)  # [1, kvh, run cells, dim], a view
+        v = read(v_cache, run, q.dtype).unsqueeze(0)
+        bias = None
+        if mask is not None:
+            mask = mask.repeat(group, 1)  # [group * rows, run cells]
+            bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
+        o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qg, k, v, attn_mask=bias)[:2]
+        if mask is not None:  # a row that sees none of the run: the kernel says lse 0, it is -inf
+            lse = lse.masked_fill(~mask.any(-1), float("-inf"))
+        outs.append(o.float())  # [1, kvh, group * rows, dim]
+        lses.append(lse)  # [1, kvh, group * rows]
+    weights = torch.softmax(torch.stack(lses), dim=0).unsqueeze(-1)  # [runs, 1, kvh, group * rows, 1]
+    o = (weights * torch.stack(outs)).sum(0).to(q.dtype)  # [1, kvh, group * rows, dim]
+    return o.view(num_kv_heads, group, rows, head_dim).permute(2, 0, 1, 3).reshape(rows, num_heads, head_dim)
+
+
+@dataclass(frozen=True)
+class DecodeRuns:
+    kind: ClassVar[str] = "runs"
+    row_start: int
+    runs: tuple[slice, ...]  # the lane's cells, in order
+
+    num_rows = 1
+
+    def attend(self, q: torch.Tensor, k_cache: Cache, v_cache: Cache) -> torch.Tensor:
+        return attend_runs(q, k_cache, v_cache, self.runs, (None,) * len(self.runs))
+
+    def to(self, device: torch.device) -> DecodeRuns:
+        return self
+
+
+@dataclass(frozen=True)
+class DecodeSpans:
+    """Every decoding lane at once through the fused kernel (models/fused.py): row r reads
+    the spans spans[row_spans[r]:row_spans[r + 1]] (first cell, count), in place, in order;
+    no padding, no gather, one call per layer. bf16/f32 K/V on the CPU only."""
+
+    kind: ClassVar[str] = "spans"
+    row_start: int
+    num_rows: int
+    spans: torch.Tensor  # [spans, 2] long
+    row_spans: torch.Tensor  # [rows + 1] long: each row's first span, then the end
+    ops: object = dataclasses.field(repr=False, compare=False, default=None)
+
+    def attend(self, q: torch.Tensor, k_cache: Cache, v_cache: Cache) -> torch.Tensor:
+        scale = q.shape[-1] ** -0.5
+        return self.ops.decode_attention(q, k_cache, v_cache, self.spans, self.row_spans, scale)
+
+    def to(self, device: torch.device) -> DecodeSpans:
+        assert device.type == "cpu", "the fused decode kernel is CPU-only"
+        return self
+
+
+def causal_bias_mask(rows: int, num_cells: int, device: torch.device) -> torch.Tensor:
+    """[rows, cells] bool: row r (the lane's position num_cells - rows + r) sees cells up to its own."""
+    return torch.arange(num_cells, device=device) <= torch.arange(num_cells - rows, num_cells,
+                                                                   device=device).unsqueeze(1)
+
+
+def _attend_cells(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """q [rows, heads, dim], k/v [kvh, cells, dim] (rows the last `rows` cells) -> [rows, heads, dim]."""
+    rows, heads, _ = q.shape
+    cells = k.shape[1]
+    mask = causal_bias_mask(rows, cells, q.device) if 1 < rows < cells else None
+    o = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
+                                       attn_mask=mask, is_causal=rows == cells and rows > 1,
+                                       enable_gqa=heads != k.shape[0])
+    return o[0].transpose(0, 1)
+
+
+@dataclass(frozen=True)
+class PrefillContiguous:
+    kind: ClassVar[str] = "prefill-contiguous"
+    row_start: int
+    row_end: int
+    cells: slice
+
+    def attend(self, q: torch.Tensor, k_cache: Cache, v_cache: Cache) -> torch.Tensor:
+        return _attend_cells(q, read(k_cache, self.cells, q.dtype), read(v_cache, self.cells, q.dtype))
+
+    def to(self, device: torch.device) -> PrefillContiguous:
+        return self
+
+
+@dataclass(frozen=True)
+class PrefillGather:
+    kind: ClassVar[str] = "prefill-gathered"
+    row_start: int
+    row_end: int
+    cell_index: torch.Tensor  # [cells] flat
+
+    def attend(self, q: torch.Tensor, k_cache: Cache, v_cache: Cache) -> torch.Tensor:
+        return _attend_cells(q, read(k_cache, self.cell_index, q.dtype), read(v_cache, self.cell_index, q.dtype))
+
+    def to(self, device: torch.device) -> PrefillGather:
+        return _moved(self, device)
+
+
+@dataclass(frozen=True)
+class PrefillRuns:
+    kind: ClassVar[str] = "prefill-runs"
+    row_start: int
+    row_end: int
+    runs: tuple[slice, ...]
+    run_masks: tuple[torch.Tensor | None, ...]  # per run: [rows, <= rows cells] bool; None: all seen
+
+    def attend(self, q: torch.Tensor, k_cache: Cache, v_cache: Cache) -> torch.Tensor:
+        return attend_runs(q, k_cache, v_cache, self.runs, self.run_masks)
+
+    def to(self, device: torch.device) -> PrefillRuns:
+        return _moved(self, device)
+
+
+DecodeRead = DecodeContiguous | DecodeStrided | DecodeGather | DecodeRuns | DecodeSpans
+PrefillRead = PrefillContiguous | PrefillGather | PrefillRuns

@@ -1,0 +1,115 @@
+"""The prepared-model cache: a second start maps the built model back instead of rebuilding it.
+
+Each test has its own cache directory. The entry must give back the same model (every
+tensor equal, the same greedy tokens in float32), never a stale one (a changed file or
+build is a new key) and never a broken one (a damaged entry is rebuilt).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+import torch
+
+from strata.config import EngineConfig
+from strata.engine.engine import Engine
+from strata.loader import prepared
+from strata.sampling import SamplingParams
+from tests.conftest import require_default_model
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch) -> str:
+    folder = str(tmp_path / "cache")
+    monkeypatch.setenv(prepared.CACHE_ENV, folder)
+    return folder
+
+
+def engine(**kw) -> Engine:
+    cfg = dict(dtype="float32", weights="auto", max_context=192, kv_chunk=32)
+    cfg.update(kw)
+    return Engine(EngineConfig(**cfg), progress=False)
+
+
+def greedy(e: Engine, n: int = 24) -> list[int]:
+    e.add_request("Write one sentence about the sea.", SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+    return [t for out in e.run_until_done() for t in out.new_token_ids]
+
+
+def tensors(model) -> list[torch.Tensor]:
+    out = [model.embed, model.norm.weight, model.lm_head.weight]
+    for layer in model.layers:
+        for lin in (layer.qkv, layer.o, layer.gate_up, layer.down):
+            out += [t for t in (lin.weight, lin.bias) if t is not None] + list(lin.int4 or ())
+        out += [layer.input_norm.weight, layer.post_norm.weight]
+    return out
+
+
+def test_the_second_start_maps_the_same_model_from_the_cache(cache):
+    require_default_model()
+    first = engine()
+    assert not first.loaded_from_cache and len(os.listdir(cache)) == 1
+    second = engine(max_context=160)  # another --max-context shares the entry (rotary rebuilt)
+    assert second.loaded_from_cache
+    assert second.model.rotary[torch.device("cpu")].cos.shape[0] == 160
+    a, b = tensors(first.model), tensors(second.model)
+    assert len(a) == len(b) > 200 and all(torch.equal(x, y) for x, y in zip(a, b))
+    assert second.tokenizer.encode("Hello, sea!") == first.tokenizer.encode("Hello, sea!")
+    assert second.tokenizer.chat_template == first.tokenizer.chat_template
+    assert second.fingerprint == first.fingerprint and second.model_config == first.model_config
+    assert greedy(second) == greedy(first)
+
+
+def test_another_build_is_another_entry(cache):
+    require_default_model()
+    engine()
+    e = engine(weights="dense")
+    assert not e.loaded_from_cache and len(os.listdir(cache)) == 2
+
+
+def test_a_damaged_entry_is_rebuilt(cache, caplog):
+    require_default_model()
+    engine()
+    (name,) = os.listdir(cache)
+    with open(os.path.join(cache, name), "r+b") as f:
+        f.truncate(1000)
+    with caplog.at_level(logging.WARNING, logger="strata.loader"):
+        e = engine()
+    assert not e.loaded_from_cache and "unreadable" in caplog.text
+    assert engine().loaded_from_cache  # the rebuilt entry is whole again
+
+
+def test_keys_follow_the_file_and_the_build(cache, tmp_path):
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"x" * 100)
+    key = prepared.cache_key(str(model), "bfloat16", "auto", ("cpu",))
+    assert key == prepared.cache_key(str(model), "bfloat16", "auto", ("cpu",))
+    others = {prepared.cache_key(str(model), *args) for args in [
+        ("float32", "auto", ("cpu",)), ("bfloat16", "dense", ("cpu",)), ("bfloat16", "auto", ("cpu", "cpu"))]}
+    assert key not in others and len(others) == 3
+    st = os.stat(model)
+    os.utime(model, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # the file was rewritten
+    assert prepared.cache_key(str(model), "bfloat16", "auto", ("cpu",)) != key
+    assert prepared.cache_key(str(model), "bfloat16", "auto", ("cuda:0",)) is None  # CPU builds only
+    assert prepared.cache_key(str(tmp_path), "bfloat16", "auto", ("cpu",)) is None  # a HF directory
+
+
+@pytest.mark.parametrize("value", ["off", "0", "false", ""])
+def test_the_cache_can_be_turned_off(monkeypatch, tmp_path, value):
+    monkeypatch.setenv(prepared.CACHE_ENV, value)
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"x")
+    assert prepared.cache_dir() is None and prepared.cache_key(str(model), "bfloat16", "auto", ("cpu",)) is None
+
+
+def test_the_cache_keeps_the_entries_used_last(cache):
+    os.makedirs(cache)
+    for i in range(prepared.MAX_ENTRIES + 2):
+        path = os.path.join(cache, f"old{i}.pt")
+        open(path, "wb").close()
+        os.utime(path, (1000 + i, 1000 + i))
+    prepared.trim(cache)
+    kept = sorted(os.listdir(cache))
+    assert kept == sorted(f"old{i}.pt" for i in range(2, prepared.MAX_ENTRIES + 2))
