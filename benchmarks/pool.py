@@ -12,9 +12,10 @@ proposed with (seed thread #3351), both layouts side by side in one run:
 2. memory: two lanes at --max-context 262144, each layout in its own process: committed
    K/V bytes, RSS and the MemAvailable drop after start (the pool at its smallest valid
    --kv-pool-tokens, which holds one --max-context conversation). Then how many ~104K-cell
-   conversations a pool as large as the reserved layout holds: computed from chunk counts,
-   verified by restoring that many (one per lane, synthetic K/V, a short turn appended to
-   each and decoded together) and checking that one more makes the oldest give way.
+   conversations each layout holds in the reserved layout's K/V memory, measured alike in
+   each (conversations restored one at a time until one makes an earlier one give way,
+   synthetic K/V; a short turn appended to each one held and decoded together); the
+   pool's count is checked against its chunk counts.
 3. ttft: time to first token of a short question appended to a cached ~8K-token
    conversation against a cold prefill of the same tokens, on the real model at its
    trained length (real prefills, no synthetic K/V). Both layouts' engines in one
@@ -48,7 +49,8 @@ interleave them, which keeps the comparison fair on a machine other processes sh
 a time slice: timings swing several-fold; each result keeps the CPU load it started
 under, and the move and decode tables add the best run next to the median).
 Raw numbers and tables go to benchmarks/results/pool.json (pool-quick.json for
---quick), and a PNG of move time against length when matplotlib is importable.
+--quick; a partial run, `--only decode`, to pool-decode.json with only its own parts),
+and a PNG of move time against length when matplotlib is importable.
 
 This file parses the arguments, runs the parts and writes the results; each part's arm
 (run as `pool.py --arm NAME`) and its tables live in benchmarks/pool_parts/.
@@ -171,6 +173,13 @@ class Run:
         print(f"plot: {path}")
 
 
+def results_name(parts: set[str], quick: bool) -> str:
+    """pool.json for a full run; a partial run (--only) writes only what it measured, to a file
+    named for its parts (pool-decode.json), so no number in a file is older than the file."""
+    only = "" if parts == ALL_PARTS else "-" + "-".join(sorted(parts))
+    return f"pool{'-quick' if quick else ''}{only}.json"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--arm", choices=sorted(ARMS))
@@ -245,21 +254,7 @@ def main() -> None:
                  f"see machine_at_start / loadavg_1m_at_end in each raw result")
     run.payload["tables"] = run.tables
     run.payload["seconds"] = time.perf_counter() - t0
-    name = "pool-quick.json" if q else "pool.json"
-    if parts != ALL_PARTS:  # a partial run updates its parts in the last full file, keeping the others
-        try:
-            with open(os.path.join(RESULTS_DIR, name)) as f:
-                old = json.load(f)
-        except (OSError, ValueError):
-            old = None
-        if old is not None:
-            for key in ("move", "capacity", "ttft", "decode", "prefix", "prefix_ttft", "kv_int8"):
-                if key not in run.payload and key in old:
-                    run.payload[key] = old[key]
-            run.payload["tables"] = {**old.get("tables", {}), **run.tables}
-            run.payload["notes"] = run.notes + [f"(kept from an earlier run) {n}" for n in old.get("notes", [])
-                                                if n not in run.notes]
-    path = write_json(name, run.payload)
+    path = write_json(results_name(parts, q), run.payload)
     if run.notes:
         print("\nnotes:\n" + "\n".join(f"- {n}" for n in run.notes))
     print(f"raw numbers: {path} ({run.payload['seconds']:.0f} s)")
