@@ -37,7 +37,11 @@ proposed with (seed thread #3351), both layouts side by side in one run:
    holds (from the engines' real bytes per cell), and decode tok/s at two context lengths
    (real prefills, both K/V dtypes in one process; see `pool_parts/kv_int8.py`).
 
-    python benchmarks/pool.py [--quick] [--scale S] [--only move,memory,ttft,decode,prefix,prefix_ttft,kv_int8]
+7. runs: one decoding lane of 32K cells whose chunks are scattered in 1..512 runs, one
+   layer's decode attention read run by run against gathered (see `pool_parts/runs.py`):
+   where chunk placement cannot keep a conversation contiguous, what reading it in place saves.
+
+    python benchmarks/pool.py [--quick] [--scale S] [--only move,memory,ttft,decode,prefix,prefix_ttft,kv_int8,runs]
 
 `--scale S` divides every length and size (contexts, chunk, pool) by S; `--quick` is
 `--scale 16` (unless given) with fewer repetitions and rounds. Before every arm the
@@ -80,12 +84,14 @@ from benchmarks.pool_parts import (
     move,
     prefix,
     prefix_ttft,
+    runs,
     ttft,
 )
 
-ALL_PARTS = {"move", "memory", "ttft", "decode", "prefix", "prefix_ttft", "kv_int8"}
+ALL_PARTS = {"move", "memory", "ttft", "decode", "prefix", "prefix_ttft", "kv_int8", "runs"}
 ARMS = {"move": move.arm_move, "capacity": memory.arm_capacity, "ttft": ttft.arm_ttft, "decode": decode.arm_decode,
-        "prefix": prefix.arm_prefix, "prefix_ttft": prefix_ttft.arm_prefix_ttft, "kv_int8": kv_int8.arm_kv_int8}
+        "prefix": prefix.arm_prefix, "prefix_ttft": prefix_ttft.arm_prefix_ttft, "kv_int8": kv_int8.arm_kv_int8,
+        "runs": runs.arm_runs}
 
 
 # ---- the parent: memory checks, child arms, notes; each part's tables are in benchmarks/pool_parts ----
@@ -186,7 +192,7 @@ def main() -> None:
     p.add_argument("--params", help="(children) the arm's parameters as JSON")
     p.add_argument("--quick", action="store_true", help="scale 16 (unless --scale), fewer repetitions and rounds")
     p.add_argument("--scale", type=int, help="divide every length and size by this (default 1; 16 with --quick)")
-    p.add_argument("--only", default="move,memory,ttft,decode,prefix,prefix_ttft,kv_int8",
+    p.add_argument("--only", default="move,memory,ttft,decode,prefix,prefix_ttft,kv_int8,runs",
                    help="parts to run (move includes idle memory)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     p.add_argument("--reps", type=int, help="moves per length per process (default 7; 3 with --quick)")
@@ -248,6 +254,8 @@ def main() -> None:
         prefix_ttft.measure(run)
     if "kv_int8" in parts:
         kv_int8.measure(run)
+    if "runs" in parts:
+        runs.measure(run)
     if run.busy_starts:
         run.note(f"{run.busy_starts} arm(s) started while other processes kept the CPUs over {args.quiet_cpu:.0f} % "
                  f"busy (after waiting up to {args.quiet_wait:.0f} s): their timings are inflated by contention; "
