@@ -129,6 +129,11 @@ def arm_transformers(args) -> dict:
         os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.bfloat16
     ).eval()
     load_s = time.perf_counter() - t0
+    # The "dense bf16" label: transformers unpacks this architecture's GGUF blocks on load (its
+    # packed GGUF path, which warns about float32 kernels, covers other architectures only).
+    packed = [n for n, w in model.named_parameters() if w.dtype != torch.bfloat16]
+    if packed:
+        raise RuntimeError(f"transformers kept weights that are not dense bf16: {packed[:3]}")
 
     def gen(batch: list[list[int]], new: int) -> float:
         x = torch.tensor(batch)
