@@ -1,11 +1,18 @@
 """Prefill and decode speed on the default model: strata vs transformers (vs llama.cpp).
 
 Each arm runs in its own interpreter (so load time and peak RSS are its own), arms are
-interleaved over several rounds, and the table reports medians and strata's ratio to
-each peer. Same weights (the SmolLM2-135M-Instruct Q4_1 GGUF), same dtype (bf16
+interleaved over several rounds, and the table reports medians and each strata row's
+ratio to each peer. Same file (the SmolLM2-135M-Instruct Q4_1 GGUF), same dtype (bf16
 compute), same thread count, a 512-token prompt.
 
-    python benchmarks/decode.py [--rounds 3] [--new 128] [--threads 2]
+Strata runs three ways, so that each comparison is like for like: `--weights auto` (its
+default: decode steps read the GGUF's 4-bit blocks, prompt pieces a dense copy),
+`--weights dense` (dequantised bf16 weights, as transformers holds them), and `--weights
+auto` with `--kv-pool-tokens` (the shared pool, sized as the 8 lanes' reservations, in
+place of the reserved layout; the "pool / reserved" row shows what the pool costs at
+short contexts). transformers runs dense bf16; llama.cpp reads the 4-bit file.
+
+    python benchmarks/decode.py [--rounds 3] [--new 128] [--threads 2] [--strata auto,dense,pool]
 
 llama.cpp runs when `llama_cpp` (llama-cpp-python, the optional `llamacpp` extra) is
 importable: its high-level API for prefill and one lane, its low-level batch API (one
@@ -29,6 +36,11 @@ PARAGRAPH = (
     "had taught him, and watched the ships pass beyond the reef while the gulls settled on the rocks. "
 )
 LANES = 8
+KV_CHUNK = 128  # each lane reserves about what it uses, as transformers' static cache does
+STRATA_ARMS = {"auto": "strata", "dense": "strata-dense", "pool": "strata-pool"}  # --strata value -> arm
+LABELS = {"strata": "strata 4-bit (--weights auto)", "strata-dense": "strata dense (--weights dense)",
+          "strata-pool": "strata 4-bit, pool (--kv-pool-tokens)", "transformers": "transformers dense bf16",
+          "llama.cpp": "llama.cpp Q4_1"}
 
 
 def prompt_ids(tokenizer, n: int, variant: int) -> list[int]:
@@ -56,9 +68,9 @@ def arm_strata(args) -> dict:
 
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
-    # 128-cell chunks: each lane reserves about what it uses, as transformers' static cache does.
-    engine = Engine(EngineConfig(dtype="bfloat16", weights=args.weights, max_context=args.prompt + args.new + 8,
-                                 batch=LANES - 1, kv_chunk=128, prefill_chunk=args.prompt, threads=args.threads),
+    engine = Engine(EngineConfig(dtype="bfloat16", weights=args.weights, max_context=max_context(args),
+                                 batch=LANES - 1, kv_chunk=KV_CHUNK, kv_pool_tokens=args.kv_pool_tokens,
+                                 prefill_chunk=args.prompt, threads=args.threads),
                     progress=False)
     load_s = time.perf_counter() - t0
     tok = engine.tokenizer
@@ -86,6 +98,22 @@ def arm_strata(args) -> dict:
     return speeds(args, load_s, prefill_s, dec1, dec8)
 
 
+def max_context(args) -> int:
+    return args.prompt + args.new + 8
+
+
+def arm_strata_dense(args) -> dict:
+    """The strata arm with dequantised weights (`--weights dense`)."""
+    return arm_strata(argparse.Namespace(**{**vars(args), "weights": "dense"}))
+
+
+def arm_strata_pool(args) -> dict:
+    """The strata arm in the shared pool, holding exactly the K/V the reserved layout
+    reserves (LANES lanes of --max-context in whole chunks): only the layout differs."""
+    pool_tokens = LANES * -(-max_context(args) // KV_CHUNK) * KV_CHUNK
+    return arm_strata(argparse.Namespace(**{**vars(args), "kv_pool_tokens": pool_tokens}))
+
+
 def arm_transformers(args) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
@@ -101,6 +129,11 @@ def arm_transformers(args) -> dict:
         os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.bfloat16
     ).eval()
     load_s = time.perf_counter() - t0
+    # The "dense bf16" label: transformers unpacks this architecture's GGUF blocks on load (its
+    # packed GGUF path, which warns about float32 kernels, covers other architectures only).
+    packed = [n for n, w in model.named_parameters() if w.dtype != torch.bfloat16]
+    if packed:
+        raise RuntimeError(f"transformers kept weights that are not dense bf16: {packed[:3]}")
 
     def gen(batch: list[list[int]], new: int) -> float:
         x = torch.tensor(batch)
@@ -196,7 +229,8 @@ def llamacpp_decode_lanes(args, path: str, tok) -> float:
     return time.perf_counter() - t
 
 
-ARMS = {"strata": arm_strata, "transformers": arm_transformers, "llama.cpp": arm_llamacpp}
+ARMS = {"strata": arm_strata, "strata-dense": arm_strata_dense, "strata-pool": arm_strata_pool,
+        "transformers": arm_transformers, "llama.cpp": arm_llamacpp}
 METRICS = ["prefill_tok_s", "decode_tok_s", "decode8_tok_s", "load_s", "peak_rss_mib"]
 
 
@@ -207,28 +241,38 @@ def main() -> None:
     p.add_argument("--prompt", type=int, default=512)
     p.add_argument("--new", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--weights", default="auto", help="strata's --weights")
+    p.add_argument("--strata", default="auto,dense,pool",
+                   help="strata rows: auto (--weights auto), dense (--weights dense), pool (--kv-pool-tokens)")
+    p.set_defaults(weights="auto", kv_pool_tokens=None)  # the strata arm's; its variants replace them
     args = p.parse_args()
     if args.arm:
         print(json.dumps(ARMS[args.arm](args)))
         return
-    arms = ["strata", "transformers"]
+    chosen = [x.strip() for x in args.strata.split(",") if x.strip()]
+    if not chosen or set(chosen) - set(STRATA_ARMS):
+        p.error(f"--strata: choose from {', '.join(STRATA_ARMS)} (got {args.strata!r})")
+    strata_arms = [STRATA_ARMS[x] for x in STRATA_ARMS if x in chosen]
+    arms = strata_arms + ["transformers"]
     try:
         import llama_cpp  # noqa: F401
 
         arms.append("llama.cpp")
     except ImportError:
         print("llama.cpp: llama-cpp-python is not installed; its arm is left out", file=sys.stderr)
-    passthrough = ["--prompt", str(args.prompt), "--new", str(args.new), "--threads", str(args.threads),
-                   "--weights", args.weights]
+    passthrough = ["--prompt", str(args.prompt), "--new", str(args.new), "--threads", str(args.threads)]
     raw = interleaved(arms, args.rounds, lambda arm: run_arm(__file__, arm, passthrough))
     med = {arm: medians(rows) for arm, rows in raw.items()}
-    rows = [[arm] + [med[arm][m] for m in METRICS] for arm in arms]
-    for peer in arms[1:]:
-        rows.append([f"strata / {peer}"] + [med["strata"][m] / med[peer][m] for m in METRICS])
+    rows = [[LABELS[arm]] + [med[arm][m] for m in METRICS] for arm in arms]
+    peers = [a for a in arms if a not in strata_arms]
+    for arm in strata_arms:
+        for peer in peers:
+            rows.append([f"{LABELS[arm]} / {peer}"] + [med[arm][m] / med[peer][m] for m in METRICS])
+    if {"strata", "strata-pool"} <= set(arms):
+        rows.append(["pool / reserved (strata 4-bit)"] + [med["strata-pool"][m] / med["strata"][m] for m in METRICS])
     table = print_table(
         f"decode benchmark: {args.prompt}-token prompt, {args.new} new tokens, {args.threads} threads, "
-        f"bf16, median of {args.rounds} interleaved rounds",
+        f"bf16 compute, median of {args.rounds} interleaved rounds; strata's pool row holds the same K/V "
+        f"as its {LANES} reserved lanes ({KV_CHUNK}-cell chunks)",
         ["arm", "prefill tok/s", "decode tok/s (1 lane)", f"decode tok/s ({LANES} lanes)", "load s", "peak RSS MiB"],
         rows,
     )

@@ -12,9 +12,10 @@ proposed with (seed thread #3351), both layouts side by side in one run:
 2. memory: two lanes at --max-context 262144, each layout in its own process: committed
    K/V bytes, RSS and the MemAvailable drop after start (the pool at its smallest valid
    --kv-pool-tokens, which holds one --max-context conversation). Then how many ~104K-cell
-   conversations a pool as large as the reserved layout holds: computed from chunk counts,
-   verified by restoring that many (one per lane, synthetic K/V, a short turn appended to
-   each and decoded together) and checking that one more makes the oldest give way.
+   conversations each layout holds in the reserved layout's K/V memory, measured alike in
+   each (conversations restored one at a time until one makes an earlier one give way,
+   synthetic K/V; a short turn appended to each one held and decoded together); the
+   pool's count is checked against its chunk counts.
 3. ttft: time to first token of a short question appended to a cached ~8K-token
    conversation against a cold prefill of the same tokens, on the real model at its
    trained length (real prefills, no synthetic K/V). Both layouts' engines in one
@@ -36,7 +37,11 @@ proposed with (seed thread #3351), both layouts side by side in one run:
    holds (from the engines' real bytes per cell), and decode tok/s at two context lengths
    (real prefills, both K/V dtypes in one process; see `pool_parts/kv_int8.py`).
 
-    python benchmarks/pool.py [--quick] [--scale S] [--only move,memory,ttft,decode,prefix,prefix_ttft,kv_int8]
+7. runs: one decoding lane of 32K cells whose chunks are scattered in 1..512 runs, one
+   layer's decode attention read run by run against gathered (see `pool_parts/runs.py`):
+   where chunk placement cannot keep a conversation contiguous, what reading it in place saves.
+
+    python benchmarks/pool.py [--quick] [--scale S] [--only move,memory,ttft,decode,prefix,prefix_ttft,kv_int8,runs]
 
 `--scale S` divides every length and size (contexts, chunk, pool) by S; `--quick` is
 `--scale 16` (unless given) with fewer repetitions and rounds. Before every arm the
@@ -48,7 +53,8 @@ interleave them, which keeps the comparison fair on a machine other processes sh
 a time slice: timings swing several-fold; each result keeps the CPU load it started
 under, and the move and decode tables add the best run next to the median).
 Raw numbers and tables go to benchmarks/results/pool.json (pool-quick.json for
---quick), and a PNG of move time against length when matplotlib is importable.
+--quick; a partial run, `--only decode`, to pool-decode.json with only its own parts),
+and a PNG of move time against length when matplotlib is importable.
 
 This file parses the arguments, runs the parts and writes the results; each part's arm
 (run as `pool.py --arm NAME`) and its tables live in benchmarks/pool_parts/.
@@ -78,12 +84,14 @@ from benchmarks.pool_parts import (
     move,
     prefix,
     prefix_ttft,
+    runs,
     ttft,
 )
 
-ALL_PARTS = {"move", "memory", "ttft", "decode", "prefix", "prefix_ttft", "kv_int8"}
+ALL_PARTS = {"move", "memory", "ttft", "decode", "prefix", "prefix_ttft", "kv_int8", "runs"}
 ARMS = {"move": move.arm_move, "capacity": memory.arm_capacity, "ttft": ttft.arm_ttft, "decode": decode.arm_decode,
-        "prefix": prefix.arm_prefix, "prefix_ttft": prefix_ttft.arm_prefix_ttft, "kv_int8": kv_int8.arm_kv_int8}
+        "prefix": prefix.arm_prefix, "prefix_ttft": prefix_ttft.arm_prefix_ttft, "kv_int8": kv_int8.arm_kv_int8,
+        "runs": runs.arm_runs}
 
 
 # ---- the parent: memory checks, child arms, notes; each part's tables are in benchmarks/pool_parts ----
@@ -171,13 +179,20 @@ class Run:
         print(f"plot: {path}")
 
 
+def results_name(parts: set[str], quick: bool) -> str:
+    """pool.json for a full run; a partial run (--only) writes only what it measured, to a file
+    named for its parts (pool-decode.json), so no number in a file is older than the file."""
+    only = "" if parts == ALL_PARTS else "-" + "-".join(sorted(parts))
+    return f"pool{'-quick' if quick else ''}{only}.json"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--arm", choices=sorted(ARMS))
     p.add_argument("--params", help="(children) the arm's parameters as JSON")
     p.add_argument("--quick", action="store_true", help="scale 16 (unless --scale), fewer repetitions and rounds")
     p.add_argument("--scale", type=int, help="divide every length and size by this (default 1; 16 with --quick)")
-    p.add_argument("--only", default="move,memory,ttft,decode,prefix,prefix_ttft,kv_int8",
+    p.add_argument("--only", default="move,memory,ttft,decode,prefix,prefix_ttft,kv_int8,runs",
                    help="parts to run (move includes idle memory)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     p.add_argument("--reps", type=int, help="moves per length per process (default 7; 3 with --quick)")
@@ -239,27 +254,15 @@ def main() -> None:
         prefix_ttft.measure(run)
     if "kv_int8" in parts:
         kv_int8.measure(run)
+    if "runs" in parts:
+        runs.measure(run)
     if run.busy_starts:
         run.note(f"{run.busy_starts} arm(s) started while other processes kept the CPUs over {args.quiet_cpu:.0f} % "
                  f"busy (after waiting up to {args.quiet_wait:.0f} s): their timings are inflated by contention; "
                  f"see machine_at_start / loadavg_1m_at_end in each raw result")
     run.payload["tables"] = run.tables
     run.payload["seconds"] = time.perf_counter() - t0
-    name = "pool-quick.json" if q else "pool.json"
-    if parts != ALL_PARTS:  # a partial run updates its parts in the last full file, keeping the others
-        try:
-            with open(os.path.join(RESULTS_DIR, name)) as f:
-                old = json.load(f)
-        except (OSError, ValueError):
-            old = None
-        if old is not None:
-            for key in ("move", "capacity", "ttft", "decode", "prefix", "prefix_ttft", "kv_int8"):
-                if key not in run.payload and key in old:
-                    run.payload[key] = old[key]
-            run.payload["tables"] = {**old.get("tables", {}), **run.tables}
-            run.payload["notes"] = run.notes + [f"(kept from an earlier run) {n}" for n in old.get("notes", [])
-                                                if n not in run.notes]
-    path = write_json(name, run.payload)
+    path = write_json(results_name(parts, q), run.payload)
     if run.notes:
         print("\nnotes:\n" + "\n".join(f"- {n}" for n in run.notes))
     print(f"raw numbers: {path} ({run.payload['seconds']:.0f} s)")

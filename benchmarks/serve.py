@@ -1,28 +1,34 @@
-"""Serving under load: `strata serve` vs llama.cpp's `llama-server`, at concurrency 1, 4 and 8.
+"""Serving under load: `strata serve` vs llama.cpp's `llama-server` and vLLM, at concurrency 1, 4 and 8.
 
-Both servers run on the same GGUF (the default model), on loopback, with 2 threads and 8
+The servers run on the same weights (the default model), on loopback, with 2 threads and 8
 lanes: strata with `--batch 7 --max-context 1024` (8 x 1024 cells, like llama-server's
 `-np 8 -c 8192`), bf16 compute and `--prefill-chunk` prompt tokens per step; llama-server
-with `-np 8 -c 8192 -t 2` (continuous batching is its default). At each concurrency C,
+with `-np 8 -c 8192 -t 2` (continuous batching is its default) as it starts by default
+(arm `llama.cpp`), and tuned like strata (arm `llama.cpp-tuned`: `-b`/`-ub` equal to
+strata's `--prefill-chunk`, so it reads prompts in the same pieces); vLLM's CPU backend
+(arm `vllm`, `--max-num-seqs 8 --max-model-len 1024`, on a bf16 safetensors copy of the
+same weights) where `--vllm-python` imports `vllm`. At each concurrency C,
 C clients send streaming /v1/completions requests back to back: a 512-token prompt given as
 token ids (random words, different for every request from the first token on, so neither
-server's prompt cache makes prefill free), 128 new tokens (greedy, ignore_eos). Both arms
-get exactly the same requests; the arms alternate at each concurrency level (and swap
+server's prompt cache makes prefill free), 128 new tokens (greedy, ignore_eos). All arms
+get exactly the same requests; the arms alternate at each concurrency level (and reverse
 order every other round), and only one of them is working at a time.
 
 Per request: TTFT (send to first token), TPOT ((last token - first token) / (tokens - 1)),
 and every gap between two consecutive streamed tokens. Per level: p50/p90/p99 of TTFT and
 TPOT, the p99 of all gaps (ITL), each stream's largest gap (p50 and p99 over the streams:
 what a prefill stall costs a stream already decoding) and the largest of all, requests/s
-and output tokens/s (over the level's wall time); ratios are strata / llama.cpp. A run
+and output tokens/s (over the level's wall time); ratios are strata / each peer. A run
 during which other work on the (shared) machine took over --others-max % of the CPUs is
 run again with fresh prompts. Raw records go to benchmarks/results/serve.json, the
 percentiles to serve.png (matplotlib).
 
     python benchmarks/serve.py [--quick] [--rounds 2] [--prefill-chunk 96]
-                               [--llama-server PATH] [--concurrency 1,4,8]
+                               [--llama-server PATH] [--vllm-python PATH] [--concurrency 1,4,8]
 
-Build llama-server as README describes; without it the llama.cpp arm is left out.
+Build llama-server as README describes; without it both llama.cpp arms are left out, and
+without an interpreter that imports vllm (../shared/peers/vllm-cpu.md) the vLLM arm is,
+each with a note in the output.
 
 This file parses the arguments, runs the levels and writes the results; the servers, the
 streaming clients, the numbers and the plot live in benchmarks/serve_parts/.
@@ -44,14 +50,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import RESULTS_DIR, print_table, progress_bar, wait_for_quiet, write_json
 from benchmarks.serve_parts.client import Record, make_prompts, measured, run_level
 from benchmarks.serve_parts.plot import plot
-from benchmarks.serve_parts.servers import (
-    LLAMA_SERVER_GLOB,
-    Server,
-    find_llama_server,
-    free_port,
-    llama_cmd,
-    strata_cmd,
-)
+from benchmarks.serve_parts.servers import Server, choose_arms, find_llama_server, make_servers
 from benchmarks.serve_parts.stats import COLUMNS, summarize, table_rows
 
 
@@ -78,8 +77,11 @@ def main() -> None:
                    help="strata's --prefill-chunk (96: a step with a prompt piece stays under ~200 ms at 8 lanes)")
     p.add_argument("--weights", default="auto", help="strata's --weights")
     p.add_argument("--llama-server", default=find_llama_server(),
-                   help="llama.cpp's llama-server binary (default: a build under /tmp/llamacpp)")
-    p.add_argument("--no-llama", action="store_true", help="leave the llama.cpp arm out")
+                   help="llama.cpp's llama-server binary (default: a build under /tmp/llamacpp, else on PATH)")
+    p.add_argument("--no-llama", action="store_true", help="leave both llama.cpp arms out")
+    p.add_argument("--vllm-python", default=sys.executable,
+                   help="an interpreter that imports vllm (its own venv); the vLLM arm runs only where it does")
+    p.add_argument("--no-vllm", action="store_true", help="leave the vLLM arm out")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quiet-wait", type=float, default=None,
                    help="seconds to wait before each run for the CPUs to be mostly idle (default 300; --quick 30)")
@@ -103,26 +105,14 @@ def main() -> None:
 
     model = default_model_path()
     tokenizer = open_model(model).tokenizer
-    arms = ["strata"]
-    notes = []
-    if args.no_llama:
-        notes.append("llama.cpp: left out (--no-llama)")
-    elif args.llama_server and os.access(args.llama_server, os.X_OK):
-        arms.append("llama.cpp")
-    else:
-        notes.append(f"llama.cpp: no llama-server binary ({args.llama_server or LLAMA_SERVER_GLOB}); arm left out")
+    arms, notes = choose_arms(args)
     for n in notes:
         print(n, file=sys.stderr)
 
     code = code_version()
     log_dir = tempfile.mkdtemp(prefix="strata-serve-bench-")
-    servers: dict[str, Server] = {}
-    port = free_port()
-    servers["strata"] = Server("strata", strata_cmd(args, port), port, log_dir)
-    if "llama.cpp" in arms:
-        port = free_port()
-        servers["llama.cpp"] = Server("llama.cpp", llama_cmd(args, port, model), port, log_dir)
-    # Each level's prompts, per round; the same list goes to both arms.
+    servers: dict[str, Server] = make_servers(args, arms, model, log_dir, os.path.join(RESULTS_DIR, "vllm-model"))
+    # Each level's prompts, per round; the same list goes to every arm.
     count = {c: requests_at(c, args) for c in levels}
     prompts: dict[tuple[int, int], list[list[int]]] = {}
     all_prompts = make_prompts(tokenizer, 1 + args.rounds * sum(count.values()), args.prompt, args.seed)
@@ -147,7 +137,7 @@ def main() -> None:
                 order = arms if r % 2 == 0 else arms[::-1]
                 for arm in order:
                     for attempt in range(1 + args.max_redo):
-                        # A redo gets fresh prompts: the first try's are in both servers' caches now.
+                        # A redo gets fresh prompts: the first try's are in the servers' caches now.
                         batch = prompts[(r, c)] if attempt == 0 else make_prompts(
                             tokenizer, count[c], args.prompt, args.seed + 1000 + len(discarded))
                         quiet = wait_for_quiet(args.quiet_wait, args.quiet_cpu)
@@ -185,7 +175,7 @@ def main() -> None:
     print("ITL: every gap between two streamed tokens; max gap: each stream's largest gap (p50/p99 over "
           "the streams, and the largest of all)")
     print("stalls in prefill: gaps over 2x the median gap that overlap another request's prefill / all such gaps")
-    print("other work: the largest share of the CPUs that anything but the two servers and this script used "
+    print("other work: the largest share of the CPUs that anything but the servers and this script used "
           "during one of that row's runs (a shared machine; over ~10% the row is slowed by it)")
     print(f"strata at {code}; load average after the run: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     for n in notes:

@@ -1,6 +1,6 @@
 """The parts of benchmarks/pool.py, one measurement per module, and the sizes they share.
 
-`synthetic` holds what the child arms share (engines, synthetic K/V); `move`, `memory`,
+`synthetic` holds what the child arms share (engines, synthetic K/V); `move`, `memory`, `runs`,
 `ttft`, `decode` and `prefix` each hold one measurement: its arm (run in a child interpreter via
 `pool.py --arm ...`) and the parent's side (sizing, rounds, tables). Nothing here imports
 torch or strata at import time, so `pool.py --help` stays fast.

@@ -123,3 +123,7 @@ def measure(run: Run) -> None:
     run.tables["decode"] = print_table(
         title, ["layout", "decode tok/s", "best tok/s", "step ms", "step CPU ms", "turn TTFT s",
                 "num_cached_tokens", "K/V GiB"], rows)
+    # Where each lane's cells sit decides how attention reads them (runner/reads.py).
+    tables = "; ".join(f"{layout} {res['raw'][layout][-1]['chunk_tables']}" for layout in LAYOUTS)
+    print(f"chunk tables after the last turn: {tables}")
+    run.tables["decode"] += f"\nchunk tables after the last turn: {tables}"

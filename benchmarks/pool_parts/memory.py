@@ -30,32 +30,41 @@ CAPACITY_CELLS = 104_000  # "three conversations of about 104k" in the seed
 
 
 def arm_capacity(p: dict) -> dict:
-    """A pool as large as the reserved layout's K/V: restore the computed number of ~104K-cell
-    conversations (one per lane), append a short turn to each and decode them together, then
-    check that one more conversation makes the least recently used one give way."""
+    """One layout in the reserved layout's K/V memory: restore ~104K-cell conversations one
+    at a time (no lane asked for: the reserved layout puts each in a lane, displacing the
+    least recently used; the pool parks it) until one makes an earlier one give way or is
+    refused, and count how many were held at once; then append a short turn to each one
+    still held and decode them together (each must reuse all its cached cells)."""
     from strata.errors import PoolFullError
     from strata.sampling import SamplingParams
 
-    n_conv, cells = p["num_conversations"], p["cells"]
+    cells = p["cells"]
     t0 = time.perf_counter()
-    engine = make_engine(p, "pool", p["max_context"], n_conv - 1, p["pool_tokens"], 256)
+    engine = make_engine(p, p["layout"], p["max_context"], p["lanes"] - 1, p["pool_tokens"], 256)
     out: dict = {"start_s": time.perf_counter() - t0, "kv_bytes": engine.kv.num_bytes,
                  "num_chunks": engine.layout.pool.num_total, "start": memory_now()}
     vocab = engine.model_config.vocab_size
     synth = Synthetic(engine.kv, seed=2)
-    convs = []
-    for i in range(n_conv):
-        conv = engine.restore(random_tokens(cells, 1000 + i, vocab), [0], lane=i)
+    held_after, evictions_after, refused = [], [], False
+    for i in range(p["attempts"]):
+        try:
+            conv = engine.restore(random_tokens(cells, 1000 + i, vocab), [0], lane=None)
+        except PoolFullError:
+            refused = True
+            break
         synth.fill(conv.table, cells)
-        convs.append(conv)
+        held_after.append(len(engine.scheduler.cache))
+        evictions_after.append(engine.scheduler.counters.num_evictions)
+        if evictions_after[-1]:
+            break  # this one made an earlier one give way: the layout is full
     st = engine.scheduler.stats()
-    out["held"] = {"num_conversations": len(engine.scheduler.cache), "num_chunks_held": st.num_chunks_held,
-                   "num_chunks_free": st.num_chunks_free, "chunks_per_lane": list(st.chunks_per_lane),
-                   **memory_now()}
-    # every held conversation is live: a short turn appended to each, all lanes decoding together
+    out["held"] = {"held_after_each": held_after, "evictions_after_each": evictions_after, "refused": refused,
+                   "num_conversations": max(held_after, default=0), "num_chunks_held": st.num_chunks_held,
+                   "num_chunks_free": st.num_chunks_free, **memory_now()}
+    # every conversation still held is live: a short turn appended to each, decoded together
     turn = engine.tokenizer.encode(TURN, add_special_tokens=False)
     params = SamplingParams(temperature=0, max_tokens=p["new"], ignore_eos=True)
-    ids = [engine.add_request(c.token_ids + turn, params) for c in convs]
+    ids = [engine.add_request(c.token_ids + turn, params) for c in list(engine.scheduler.cache)]
     t = time.perf_counter()
     finished = {}
     while engine.has_work:
@@ -68,17 +77,6 @@ def arm_capacity(p: dict) -> dict:
         "finish_reasons": [finished[i].finish_reason for i in ids],
         "num_output_tokens": [finished[i].num_output_tokens for i in ids],
     }
-    # one more conversation of the same size: the pool has no free room left for it, so the
-    # least recently used idle conversation gives way (or, if none could, it is refused)
-    before = engine.scheduler.counters.num_evictions
-    try:
-        engine.restore(random_tokens(cells, 2000, vocab), [0], lane=None)
-        refused = False
-    except PoolFullError:
-        refused = True
-    out["one_more"] = {"num_evictions": engine.scheduler.counters.num_evictions - before, "refused": refused,
-                       "num_conversations": len(engine.scheduler.cache),
-                       "num_chunks_free": engine.scheduler.stats().num_chunks_free}
     out["peak_rss_mib"] = peak_rss_mib()
     return out
 
@@ -109,7 +107,8 @@ def idle(run: Run, raw: dict[str, list[dict]], p: dict) -> None:
 
 
 def capacity(run: Run) -> None:
-    """Part 2b: how many ~104K conversations the reserved layout's memory holds as a pool."""
+    """Part 2b: how many ~104K conversations the reserved layout's K/V memory holds, each layout
+    measured the same way in its own process (the pool as large as the reserved K/V)."""
     a = run.args
     s = run.fit("capacity", lambda s: 2 * (MOVE_CONTEXT // s) * BYTES_PER_CELL + MODEL_OVERHEAD + 512 * MIB,
                 a.scale)
@@ -119,34 +118,33 @@ def capacity(run: Run) -> None:
     reserved_chunks = 2 * per_lane
     cells = CAPACITY_CELLS // s
     per_conv = -(-(cells + 64) // chunk)  # room for the appended turn and its answer
-    n_conv = reserved_chunks // per_conv
-    p = {**run.base(s), "max_context": ctx, "pool_tokens": reserved_chunks * chunk, "cells": cells,
-         "num_conversations": n_conv, "new": a.capacity_new}
-    res = run.child("capacity", p)
-    run.payload["capacity"] = {"scale": s, "params": p, "raw": res}
-    if res is None:
+    expected = reserved_chunks // per_conv  # what the pool should hold, from chunk counts
+    lanes = {"reserved": 2, "pool": expected}  # the pool gets a lane for each turn it decodes
+    base = {**run.base(s), "max_context": ctx, "pool_tokens": reserved_chunks * chunk, "cells": cells,
+            "attempts": expected + 1, "new": a.capacity_new}
+    res = {layout: run.child("capacity", {**base, "layout": layout, "lanes": lanes[layout]}) for layout in LAYOUTS}
+    run.payload["capacity"] = {"scale": s, "params": base, "expected_pool": expected, "raw": res}
+    if any(r is None for r in res.values()):
         return
-    ok = (res["held"]["num_conversations"] == n_conv
-          and res["turns"]["num_cached_tokens"] == [cells] * n_conv
-          and res["one_more"]["num_evictions"] >= 1 and res["one_more"]["num_conversations"] == n_conv)
-    reserved_fit = 2  # one conversation per lane; a third needs a third lane's whole --max-context
-    rows = [
-        ["reserved (2 lanes)", reserved_chunks, reserved_chunks * chunk * BYTES_PER_CELL / GIB, per_lane,
-         reserved_fit, "by construction", "-"],
-        [f"pool, same memory ({n_conv} lanes)", res["num_chunks"], res["kv_bytes"] / GIB, per_conv, n_conv,
-         "yes" if ok else "NO", f"{res['turns']['seconds']:.1f}"],
-    ]
+    rows = []
+    for layout in LAYOUTS:
+        r = res[layout]
+        held = r["held"]["num_conversations"]
+        gave_way = bool(r["held"]["refused"] or (r["held"]["evictions_after_each"] or [0])[-1])
+        ok = gave_way and r["turns"]["num_cached_tokens"] == [cells] * len(r["turns"]["num_cached_tokens"])
+        rows.append([f"{layout} ({lanes[layout]} lanes)", r["num_chunks"], r["kv_bytes"] / GIB, held,
+                     "/".join(map(str, r["held"]["held_after_each"])), "yes" if ok else "NO",
+                     f"{r['turns']['seconds']:.1f}"])
+        if not ok:
+            run.note(f"ENGINE PROBLEM? {layout} capacity did not verify: {json.dumps(r)[:800]}")
+    rows.append(["pool / reserved", "", rows[1][2] / rows[0][2], rows[1][3] / rows[0][3], "", "", ""])
+    if rows[1][3] != expected:
+        run.note(f"capacity: the pool held {rows[1][3]} conversations, its chunk counts say {expected}")
     title = (f"2b. ~{cells_label(cells)}-cell conversations ({cells} cells) held in the reserved layout's K/V "
-             f"memory (2 lanes x --max-context {ctx}, --kv-chunk {chunk}); K/V SYNTHETIC. Verified = "
-             f"restored {n_conv} (one per lane), each extended by a {a.capacity_new}-token turn decoded "
-             f"together (all reused {cells} cached cells), and one more made the oldest give way")
+             f"memory (2 lanes x --max-context {ctx}, --kv-chunk {chunk}; the pool as large); K/V SYNTHETIC. "
+             f"Each layout restores conversations one at a time until one makes an earlier one give way "
+             f"(held = the most held at once); verified = that happened, and a {a.capacity_new}-token turn "
+             f"appended to each one still held reused all its {cells} cached cells, decoded together")
     run.tables["capacity"] = print_table(
-        title, ["layout", "chunks", "K/V GiB", "chunks per conversation", "conversations held", "verified",
+        title, ["layout", "chunks", "K/V GiB", "conversations held", "held after each restore", "verified",
                 "turns s"], rows)
-    extra = (f"one more conversation: evictions {res['one_more']['num_evictions']}, refused "
-             f"{res['one_more']['refused']}, held after {res['one_more']['num_conversations']}; "
-             f"RSS with {n_conv} held {res['held']['rss_mib'] / KIB:.2f} GiB")
-    print(extra)
-    run.tables["capacity"] += "\n" + extra
-    if not ok:
-        run.note(f"ENGINE PROBLEM? capacity check did not verify: {json.dumps(res)[:800]}")

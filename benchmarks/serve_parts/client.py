@@ -128,7 +128,7 @@ async def run_level(url: str, prompts: list[list[int]], concurrency: int, new: i
 
 def measured(servers: dict[str, Server], arm: str, level) -> dict:
     """Runs the `level` coroutine, adding what the CPUs did meanwhile: the idle peer server's CPU seconds,
-    and the share of all CPUs used by anything but the two servers and this process."""
+    and the share of all CPUs used by anything but the servers and this process."""
     import psutil
 
     me = psutil.Process()

@@ -17,7 +17,7 @@ def plot(summary: dict, arms: list[str], levels: list[int], path: str, title: st
                                      ("stream_gap_p99_ms", "stream's largest p99")]),
         ("output tokens/s (all streams)", [("out_tok_s", "")]),
     ]
-    colors = {"strata": "tab:blue", "llama.cpp": "tab:orange"}
+    colors = {"strata": "tab:blue", "llama.cpp": "tab:orange", "llama.cpp-tuned": "tab:red", "vllm": "tab:green"}
     styles = ["-", "--", ":"]
     fig, axes = plt.subplots(2, 2, figsize=(12, 8.5))
     for ax, (name, series) in zip(axes.flat, panels):

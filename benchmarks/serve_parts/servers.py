@@ -1,9 +1,18 @@
-"""The two servers: each in a child process on a free loopback port, and their command lines."""
+"""The servers: each in a child process on a free loopback port, their command lines, and
+which of the peers this machine can run.
+
+Arms: `strata`; `llama.cpp` (llama-server as it starts by default); `llama.cpp-tuned`
+(llama-server reading prompts in pieces of strata's `--prefill-chunk`: `-b`/`-ub` equal to
+it, so both servers bound a prefill step alike); `vllm` (vLLM's CPU backend, only where the
+interpreter given by `--vllm-python` can import `vllm`; it reads a bf16 safetensors copy of
+the same weights, see serve_parts/vllm_model.py).
+"""
 
 from __future__ import annotations
 
 import glob
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -20,15 +29,29 @@ def free_port() -> int:
 
 
 def find_llama_server() -> str | None:
+    """A llama-server build under /tmp/llamacpp, else one on PATH; None when there is none."""
     found = sorted(glob.glob(LLAMA_SERVER_GLOB, recursive=True))
-    return found[0] if found else None
+    return found[0] if found else shutil.which("llama-server")
+
+
+def vllm_missing(python: str) -> str | None:
+    """Why `python` cannot run the vLLM arm (None: it imports vllm)."""
+    try:
+        run = subprocess.run([python, "-c", "import vllm"], capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{python} did not run: {exc}"
+    if run.returncode != 0:
+        lines = run.stderr.strip().splitlines()
+        return f"{python} cannot import vllm ({lines[-1] if lines else f'exit {run.returncode}'})"
+    return None
 
 
 class Server:
     """A server in a child process on a free loopback port; ready once GET /health is 200."""
 
-    def __init__(self, arm: str, cmd: list[str], port: int, log_dir: str):
+    def __init__(self, arm: str, cmd: list[str], port: int, log_dir: str, env: dict[str, str] | None = None):
         self.arm, self.cmd, self.port = arm, cmd, port
+        self.env = env  # added to this process's environment
         self.url = f"http://127.0.0.1:{port}"
         self.log_path = os.path.join(log_dir, f"{arm.replace('.', '')}.log")
         self.proc: subprocess.Popen | None = None
@@ -39,7 +62,8 @@ class Server:
 
         t0 = time.perf_counter()
         with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT)
+            env = None if self.env is None else {**os.environ, **self.env}
+            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         deadline = t0 + STARTUP_TIMEOUT_S
         while time.perf_counter() < deadline:
             if self.proc.poll() is not None:
@@ -85,9 +109,64 @@ def strata_cmd(args, port: int) -> list[str]:
     ]
 
 
-def llama_cmd(args, port: int, model: str) -> list[str]:
-    return [
+def llama_cmd(args, port: int, model: str, tuned: bool = False) -> list[str]:
+    """llama-server with strata's lanes and threads; `tuned`: prompts read in pieces of
+    strata's --prefill-chunk tokens (logical and physical batch), as strata reads them."""
+    cmd = [
         args.llama_server, "-m", model, "--host", "127.0.0.1", "--port", str(port),
         "-np", str(args.lanes), "-c", str(args.lanes * args.ctx_per_lane),
         "-t", str(args.threads), "-tb", str(args.threads),
     ]
+    if tuned:
+        cmd += ["-b", str(args.prefill_chunk), "-ub", str(args.prefill_chunk)]
+    return cmd
+
+
+def vllm_cmd(args, port: int, model_dir: str) -> tuple[list[str], dict[str, str]]:
+    """vLLM's OpenAI server on the bf16 copy, with strata's lanes, context per lane and threads
+    (it lowers torch to one thread unless OMP_NUM_THREADS says otherwise)."""
+    code = "import sys; from vllm.entrypoints.cli.main import main; sys.argv[0] = 'vllm'; main()"
+    cmd = [
+        args.vllm_python, "-c", code, "serve", model_dir, "--host", "127.0.0.1", "--port", str(port),
+        "--dtype", "bfloat16", "--max-model-len", str(args.ctx_per_lane), "--max-num-seqs", str(args.lanes),
+    ]
+    return cmd, {"OMP_NUM_THREADS": str(args.threads)}
+
+
+def choose_arms(args) -> tuple[list[str], list[str]]:
+    """The arms this machine can run, and a note for each one left out."""
+    arms, notes = ["strata"], []
+    if args.no_llama:
+        notes.append("llama.cpp: left out (--no-llama)")
+    elif args.llama_server and os.access(args.llama_server, os.X_OK):
+        arms += ["llama.cpp", "llama.cpp-tuned"]
+    else:
+        notes.append(f"llama.cpp: no llama-server binary ({args.llama_server or LLAMA_SERVER_GLOB} or on PATH): "
+                     f"its default and tuned (-b/-ub {args.prefill_chunk}) arms are left out")
+    if args.no_vllm:
+        notes.append("vllm: left out (--no-vllm)")
+    elif (why := vllm_missing(args.vllm_python)) is None:
+        arms.append("vllm")
+    else:
+        notes.append(f"vllm: {why}; its arm is left out (see ../shared/peers/vllm-cpu.md for its own venv, "
+                     f"then --vllm-python VENV/bin/python)")
+    return arms, notes
+
+
+def make_servers(args, arms: list[str], model: str, log_dir: str, vllm_dir: str) -> dict[str, Server]:
+    """One server per arm, not started yet; the vLLM arm's bf16 copy is made here when missing."""
+    from benchmarks.serve_parts.vllm_model import bf16_copy
+
+    servers = {}
+    for arm in arms:
+        port, env = free_port(), None
+        if arm == "strata":
+            cmd = strata_cmd(args, port)
+        elif arm in ("llama.cpp", "llama.cpp-tuned"):
+            cmd = llama_cmd(args, port, model, tuned=arm == "llama.cpp-tuned")
+        elif arm == "vllm":
+            cmd, env = vllm_cmd(args, port, bf16_copy(model, vllm_dir))
+        else:
+            raise ValueError(f"unknown arm {arm!r}")
+        servers[arm] = Server(arm, cmd, port, log_dir, env)
+    return servers

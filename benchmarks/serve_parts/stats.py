@@ -109,8 +109,8 @@ def table_rows(summary: dict, arms: list[str], levels: list[int]) -> list[list]:
             s = summary[arm][str(c)]
             rows.append([c, arm] + [s[k] for k, _ in COLUMNS]
                         + [f"{s['big_gaps_during_prefill']}/{s['big_gaps']}", f"{s['others_cpu_pct']:.0f}%"])
-        if "llama.cpp" in arms:
-            a, b = summary["strata"][str(c)], summary["llama.cpp"][str(c)]
-            rows.append([c, "strata / llama.cpp"]
+        for peer in arms[1:]:  # arms[0] is strata
+            a, b = summary["strata"][str(c)], summary[peer][str(c)]
+            rows.append([c, f"strata / {peer}"]
                         + [a[k] / b[k] if b[k] else float("nan") for k, _ in COLUMNS] + ["", ""])
     return rows

@@ -10,12 +10,21 @@ can neither leak ids nor drive a refcount negative (under `python -O` too).
 Invariants (checked by `check`, by scanning, not by arithmetic on the counters):
 - the free list holds each id at most once, and exactly the ids whose refcount is 0;
 - `num_held` counts the ids whose refcount is above 0, so free + held == total;
-- ids are handed out lowest first, so tests can assert exact ids.
+- placement is deterministic (a function of the free ids and the hint), so tests can
+  assert exact ids.
+
+Placement keeps each table's chunks in few contiguous runs, because attention reads a
+lane whose cells are one run of storage in place, and two such lanes evenly spaced
+through one strided view (runner/reads.py): a table grows into the chunk right after
+its last one when that is free (`after`); a table's first chunk, or a run that cannot
+continue, starts in the largest free run of ids: at its start when id 0 begins it,
+else past half its spare ids, so that the table before it (which grows to the right)
+and the new one each keep half the room to grow contiguously.
 """
 
 from __future__ import annotations
 
-import heapq
+import bisect
 from collections import Counter
 from collections.abc import Hashable, Iterable, Sequence
 from typing import TypeVar
@@ -32,7 +41,7 @@ class KVPool:
         self.num_total = num_chunks
         self.chunk_size = chunk_size
         self._refcounts = [0] * num_chunks
-        self._free: list[int] = list(range(num_chunks))  # a heap of free ids
+        self._free: list[int] = list(range(num_chunks))  # the free ids, ascending
         self.num_held = 0
 
     @property
@@ -46,15 +55,41 @@ class KVPool:
     def can_allocate(self, num_chunks: int) -> bool:
         return num_chunks <= self.num_free
 
-    def allocate(self, num_chunks: int) -> list[int]:
-        """Hand out `num_chunks` ids with refcount 1 (lowest first)."""
+    def allocate(self, num_chunks: int, after: int | None = None) -> list[int]:
+        """Hand out `num_chunks` ids with refcount 1, for a table whose last chunk is
+        `after` (None: a new table), placed as the module docstring says."""
         if not 0 <= num_chunks <= self.num_free:
             raise PoolExhausted(num_chunks, self.num_free)
-        ids = [heapq.heappop(self._free) for _ in range(num_chunks)]
-        for i in ids:
-            self._refcounts[i] = 1
+        if after is not None and not (isinstance(after, int) and 0 <= after < self.num_total):
+            raise PoolError(f"allocate after chunk {after!r}: ids are 0..{self.num_total - 1}")
+        ids: list[int] = []
+        while len(ids) < num_chunks:
+            last = ids[-1] if ids else after
+            if last is not None and last + 1 < self.num_total and self._refcounts[last + 1] == 0:
+                take = [last + 1]
+            else:
+                take = self._new_run(num_chunks - len(ids))
+            for i in take:
+                del self._free[bisect.bisect_left(self._free, i)]
+                self._refcounts[i] = 1
+            ids += take
         self.num_held += num_chunks
         return ids
+
+    def _new_run(self, num_chunks: int) -> list[int]:
+        """Up to `num_chunks` consecutive free ids in the largest free run (the lowest of
+        equals): from its start when it starts at id 0, else past half its spare ids."""
+        best_start, best_len = 0, 0
+        start = prev = self._free[0]
+        for i in self._free[1:] + [-1]:  # -1 closes the last run
+            if i != prev + 1:
+                if prev + 1 - start > best_len:
+                    best_start, best_len = start, prev + 1 - start
+                start = i
+            prev = i
+        n = min(num_chunks, best_len)
+        first = best_start if best_start == 0 else best_start + (best_len - n) // 2
+        return list(range(first, first + n))
 
     def share(self, ids: Iterable[int]) -> None:
         """One more holder for each of `ids` (a forked table shares full chunks)."""
@@ -73,7 +108,7 @@ class KVPool:
         for i, n in counts.items():
             self._refcounts[i] -= n
             if self._refcounts[i] == 0:
-                heapq.heappush(self._free, i)
+                bisect.insort(self._free, i)
                 num_freed += 1
         self.num_held -= num_freed
         return num_freed
@@ -92,7 +127,7 @@ class KVPool:
 
     def free_ids(self) -> list[int]:
         """The free list, lowest first (a copy)."""
-        return sorted(self._free)
+        return list(self._free)
 
     def chunk_owners(self, tables: Iterable[tuple[K, Sequence[int]]]) -> dict[int, list[K]]:
         """Read-only: each held chunk id -> the keys of the `(key, chunk ids)` tables that list it,
@@ -114,6 +149,8 @@ class KVPool:
         free = set(self._free)
         if len(free) != len(self._free):
             raise PoolError("an id is on the free list twice")
+        if self._free != sorted(free):
+            raise PoolError("the free list is out of order")
         zero = {i for i, c in enumerate(self._refcounts) if c == 0}
         if free != zero:
             raise PoolError(f"free list != refcount-0 ids: {sorted(free ^ zero)[:8]} differ")

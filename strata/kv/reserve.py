@@ -21,7 +21,10 @@ class ReservedLayout(KVLayout):
     def __init__(self, num_lanes: int, max_context: int, chunk_size: int):
         per_lane = chunks_for(max_context, chunk_size)
         self.pool = KVPool(num_lanes * per_lane, chunk_size)
-        self.lane_tables = [ChunkTable(self.pool.allocate(per_lane), 0) for _ in range(num_lanes)]
+        self.lane_tables: list[ChunkTable] = []
+        for _ in range(num_lanes):  # lane i holds ids [i * per_lane, (i + 1) * per_lane)
+            after = self.lane_tables[-1].chunk_ids[-1] if self.lane_tables else None
+            self.lane_tables.append(ChunkTable(self.pool.allocate(per_lane, after=after), 0))
 
     def new_table(self, lane: int) -> ChunkTable:
         table = self.lane_tables[lane]

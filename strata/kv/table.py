@@ -47,10 +47,16 @@ def num_chunks_to_grow(table: ChunkTable, num_cells: int, chunk_size: int) -> in
 
 
 def grow(table: ChunkTable, pool: KVPool, num_cells: int) -> None:
-    """Give `table` room for `num_cells` cells; the caller checked the pool has it."""
+    """Give `table` room for `num_cells` cells; the caller checked the pool has it. The new
+    chunks continue the table's last run of ids where they are free (see kv/pool.py)."""
     n = num_chunks_to_grow(table, num_cells, pool.chunk_size)
     if n:
-        table.chunk_ids.extend(pool.allocate(n))
+        table.chunk_ids.extend(pool.allocate(n, after=last_id(table.chunk_ids)))
+
+
+def last_id(chunk_ids: list[int]) -> int | None:
+    """The id a chunk appended to `chunk_ids` should follow (None: a new table)."""
+    return chunk_ids[-1] if chunk_ids else None
 
 
 def release(table: ChunkTable, pool: KVPool) -> None:
@@ -70,7 +76,7 @@ def fork(table: ChunkTable, pool: KVPool, num_cells: int) -> tuple[ChunkTable, l
     c = pool.chunk_size
     num_full, rest = divmod(num_cells, c)
     shared = table.chunk_ids[:num_full]
-    new = pool.allocate(1 if rest else 0)  # first: a pool error leaves every refcount as it was
+    new = pool.allocate(1 if rest else 0, after=last_id(shared))  # first: a pool error leaves every refcount as it was
     pool.share(shared)
     copies = [CellCopy(table.chunk_ids[num_full], new[0], 0, rest)] if rest else []
     return ChunkTable(shared + new, num_cells), copies
@@ -98,7 +104,7 @@ def truncate(table: ChunkTable, pool: KVPool, num_cells: int) -> list[CellCopy]:
     table.num_cells = num_cells
     if not need:
         return []
-    (new,) = pool.allocate(1)
+    (new,) = pool.allocate(1, after=last_id(table.chunk_ids[:-1]))
     copies = [CellCopy(table.chunk_ids[-1], new, 0, num_cells % c)]
     pool.release([table.chunk_ids[-1]])
     table.chunk_ids[-1] = new

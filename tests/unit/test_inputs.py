@@ -17,7 +17,7 @@ from strata.models.cell_reads import (
     PrefillRuns,
 )
 from strata.runner.inputs import build_inputs
-from strata.runner.reads import ChunkCells
+from strata.runner.reads import MAX_RUNS, MIN_RUN_CELLS, ChunkCells
 
 
 def work(lane, tokens, start, chunks, sample=True):
@@ -181,6 +181,27 @@ def test_a_long_lane_in_a_few_runs_is_read_run_by_run():
     assert isinstance(d, DecodeGather)
     (d,) = build_inputs(ws[:1], ChunkCells(c, runs_min_cells=16)).meta.decode  # accelerators: gathered
     assert isinstance(d, DecodeGather)
+
+
+def test_a_lane_in_many_long_runs_is_read_run_by_run_and_agrees_with_the_gather():
+    """Past MAX_RUNS runs, a lane is read run by run only while its runs average MIN_RUN_CELLS
+    cells: a pool conversation that grew between other lanes' chunks many times over."""
+    torch.manual_seed(3)
+    c, kv_heads, heads, dim = MIN_RUN_CELLS, 1, 2, 4
+    num_chunks = 2 * (MAX_RUNS + 2)
+    k_cache, v_cache = torch.randn(kv_heads, num_chunks * c, dim), torch.randn(kv_heads, num_chunks * c, dim)
+    ids = list(range(0, num_chunks, 2))  # MAX_RUNS + 2 runs of one chunk each
+    cells = ChunkCells(c, num_cells=num_chunks * c)
+    full = work(0, [1], len(ids) * c - 1, ids)  # every run whole: MIN_RUN_CELLS cells on average
+    (d,) = build_inputs([full], cells).meta.decode
+    assert d.cell_runs == tuple(slice(i * c, i * c + c) for i in ids) and d.cell_index is None
+    short = work(0, [1], len(ids) * c - 2, ids)  # one cell short of that average: gathered
+    (d,) = build_inputs([short], cells).meta.decode
+    assert d.cell_runs is None and d.cell_index is not None
+    q, k_new, v_new = torch.randn(1, heads, dim), torch.randn(1, kv_heads, dim), torch.randn(1, kv_heads, dim)
+    got = attend(q, k_new, v_new, k_cache.clone(), v_cache.clone(), build_inputs([full], cells).meta)
+    want = attend(q, k_new, v_new, k_cache.clone(), v_cache.clone(), build_inputs([full], ChunkCells(c)).meta)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_run_by_run_and_gathered_decode_attention_agree():

@@ -27,15 +27,65 @@ def test_empty_pool_is_an_error(num_chunks, chunk_size):
         KVPool(num_chunks, chunk_size)
 
 
-def test_allocation_is_lowest_id_first():
+def test_placement_exact_ids():
     pool = KVPool(6, 4)
-    assert pool.allocate(3) == [0, 1, 2]
-    assert pool.allocate(1) == [3]
+    assert pool.allocate(3) == [0, 1, 2]  # the free run 0..5 starts at id 0: from its start
+    # a new table: the free run 3..5 follows a held chunk, so it starts past half of its
+    # 2 spare ids, leaving id 3 for the table before it to grow into
+    assert pool.allocate(1) == [4]
     assert pool.release([2, 0]) == 2
-    # the freed ids come back lowest first, before the never-used ones
-    assert pool.allocate(1) == [0]
-    assert pool.allocate(3) == [2, 4, 5]
+    assert pool.free_ids() == [0, 2, 3, 5]
+    assert pool.allocate(1, after=1) == [2]  # the id right after the table's last one is free
+    # free runs [0], [3], [5]: the lowest of the largest, then each next id is held, so
+    # each chunk starts a run of its own
+    assert pool.allocate(3) == [0, 3, 5]
     assert pool.num_free == 0 and pool.num_held == 6
+    pool.check()
+
+
+def test_two_long_tables_grow_contiguously():
+    """The pool decode benchmark's shape: two lanes of 8 chunks in 18, each then growing
+    one chunk at a time in turn; neither table's ids ever break into a second run."""
+    pool = KVPool(18, 4)
+    a = pool.allocate(8)
+    b = pool.allocate(8)
+    assert a == list(range(0, 8))
+    assert b == list(range(9, 17))  # 10 free ids after a: one spare id for a, one for b
+    a += pool.allocate(1, after=a[-1])
+    b += pool.allocate(1, after=b[-1])
+    assert a == list(range(0, 9)) and b == list(range(9, 18))
+    pool.check()
+
+
+def test_new_tables_spread_out_evenly():
+    pool = KVPool(16, 4)
+    # each first chunk halves the largest free run (the lowest of equals): an even grid
+    assert [pool.allocate(1) for _ in range(4)] == [[0], [8], [4], [12]]
+    assert pool.allocate(1, after=0) == [1]
+    assert pool.allocate(2, after=8) == [9, 10]
+    pool.check()
+
+
+def test_growth_past_a_held_id_starts_a_new_run():
+    pool = KVPool(12, 4)
+    assert pool.allocate(2) == [0, 1]
+    assert pool.allocate(2) == [6, 7]  # free run 2..11: 8 spare ids, 4 before it
+    assert pool.allocate(5, after=1) == [2, 3, 4, 5, 9]  # 6 is held: the rest goes to the run 8..11
+    # a request larger than every free run takes the largest whole, then the next largest
+    assert pool.allocate(3) == [10, 11, 8]
+    assert pool.num_free == 0
+    pool.check()
+
+
+def test_allocate_after_an_unknown_id_raises_before_taking_any():
+    pool = KVPool(4, 4)
+    pool.allocate(1)
+    before = state(pool)
+    for bad in (-1, 4, "1"):
+        with pytest.raises(PoolError, match="allocate after chunk"):
+            pool.allocate(1, after=bad)
+    assert state(pool) == before
+    assert pool.allocate(1, after=3) == [2]  # the last id has no next: a new run
     pool.check()
 
 
@@ -191,6 +241,12 @@ def test_check_catches_corruption():
     bad.allocate(2)
     bad._free.pop()  # a free id lost: the counters alone cannot see it
     with pytest.raises(PoolError, match="free list"):
+        bad.check()
+
+    bad = KVPool(4, 4)
+    bad.allocate(1)
+    bad._free.reverse()  # placement reads free runs off the ascending list
+    with pytest.raises(PoolError, match="out of order"):
         bad.check()
 
 

@@ -94,7 +94,9 @@ def test_admission_order_and_prefill_pieces(kind):
     s.add("b", b)
     s.add("c", c)
     A = (0, 1, 2) if kind == "pooled" else R(0, 8)
-    B = (3, 4, 5) if kind == "pooled" else R(8, 16)
+    # pooled: b's table starts past half the 10 spare ids of the free run 3..15, so that a
+    # and b each have room to grow in place
+    B = (8, 9, 10) if kind == "pooled" else R(8, 16)
 
     p = d.step()
     assert p.admitted == (Admission("a", 0, 0), Admission("b", 1, 0))
@@ -128,7 +130,7 @@ def test_admission_order_and_prefill_pieces(kind):
     p = d.step()
     # c takes the only lane not busy: a's, whose conversation gives way
     assert p.admitted == (Admission("c", 0, 0),)
-    C = (6,) if kind == "pooled" else R(0, 8)
+    C = (5,) if kind == "pooled" else R(0, 8)  # pooled: the free runs 3..7 and 11..15 tie
     assert p.work == (
         LaneWork(1, "b", (1003,), 11, B, True),
         LaneWork(0, "c", (31, 32), 0, C, True),
@@ -171,7 +173,7 @@ def test_follow_up_extends_its_conversation_in_its_own_lane(kind):
     s.add("a2", follow)
     p = d.step()
     assert p.admitted == (Admission("a2", 0, 6),)  # its own lane, though lane 1 is the LRU one
-    chunks = (0, 1, 3) if kind == "pooled" else R(0, 8)
+    chunks = (0, 1, 2) if kind == "pooled" else R(0, 8)  # pooled: b's chunk is 4, a grows in place
     assert p.work == (LaneWork(0, "a2", (1002, 50, 51), 6, chunks, True),)  # only the new tokens
     assert p.copies == ()
     assert s.lanes[0].conv is conv_a and conv_a.conv_id in {c.conv_id for c in s.cache}
@@ -201,26 +203,27 @@ def test_branch_pooled_shares_full_chunks_and_copies_the_partial_one():
     s.add("br", first[:6] + [90, 91])
     p = d.step()
     assert p.admitted == (Admission("br", 1, 6, True),)  # an empty lane: the original stays in lane 0
-    assert p.copies == (CellCopy(src_chunk=1, dst_chunk=3, start=0, num_cells=2),)
-    # 8 cells fill [0, 3]; chunk 4 is the room for the token it decodes first
-    assert p.work == (LaneWork(1, "br", (90, 91), 6, (0, 3, 4), True),)
-    assert refcounts(s) == [2, 1, 1, 1, 1, 0, 0, 0]
+    # the copy's id follows chunk 0, whose next is held: past half the free run 3..7
+    assert p.copies == (CellCopy(src_chunk=1, dst_chunk=5, start=0, num_cells=2),)
+    # 8 cells fill [0, 5]; chunk 6 is the room for the token it decodes first
+    assert p.work == (LaneWork(1, "br", (90, 91), 6, (0, 5, 6), True),)
+    assert refcounts(s) == [2, 1, 1, 0, 0, 1, 1, 0]
     assert s.counters.num_cells_copied == 2
     assert s.counters.num_cached_tokens == 6
     # the original is cached, whole
     assert s.lanes[0].conv is orig
     assert orig.token_ids == first and orig.table.chunk_ids == [0, 1, 2] and not orig.is_active
     assert s.lanes[1].conv.token_ids == first[:6] + [90, 91]
-    s.finish("br")  # its first decoded token was never fed: chunk 4 goes back
-    assert s.lanes[1].conv.table.chunk_ids == [0, 3]
-    assert refcounts(s) == [2, 1, 1, 1, 0, 0, 0, 0]
+    s.finish("br")  # its first decoded token was never fed: chunk 6 goes back
+    assert s.lanes[1].conv.table.chunk_ids == [0, 5]
+    assert refcounts(s) == [2, 1, 1, 0, 0, 1, 0, 0]
 
     # a follow-up of the original still finds all of it
     s.add("a2", first + [1000, 7])
     p = d.step()
     assert p.admitted == (Admission("a2", 0, 10),)
     assert p.copies == ()
-    assert p.work == (LaneWork(0, "a2", (1000, 7), 10, (0, 1, 2, 4), True),)  # 13 cells
+    assert p.work == (LaneWork(0, "a2", (1000, 7), 10, (0, 1, 2, 3), True),)  # 13 cells, one run
 
 
 def test_branch_pooled_at_a_chunk_boundary_copies_nothing():
@@ -232,8 +235,8 @@ def test_branch_pooled_at_a_chunk_boundary_copies_nothing():
     p = d.step()
     assert p.admitted == (Admission("br", 1, 8),)
     assert p.copies == ()
-    assert p.work == (LaneWork(1, "br", (90,), 8, (0, 1, 3), True),)
-    assert refcounts(s) == [2, 2, 1, 1, 0, 0, 0, 0]
+    assert p.work == (LaneWork(1, "br", (90,), 8, (0, 1, 5), True),)  # 2 is the original's
+    assert refcounts(s) == [2, 2, 1, 0, 0, 1, 0, 0]
 
 
 def test_branch_pooled_without_an_empty_lane_parks_the_original():
@@ -245,12 +248,12 @@ def test_branch_pooled_without_an_empty_lane_parks_the_original():
     s.add("br", first[:6] + [90, 91])
     p = d.step(finish=["br"])
     assert p.admitted == (Admission("br", 0, 6, True),)
-    assert p.copies == (CellCopy(1, 3, 0, 2),)
-    assert p.work == (LaneWork(0, "br", (90, 91), 6, (0, 3, 4), True),)
+    assert p.copies == (CellCopy(1, 5, 0, 2),)
+    assert p.work == (LaneWork(0, "br", (90, 91), 6, (0, 5, 6), True),)
     assert orig.lane is None and orig.token_ids == first and orig.table.chunk_ids == [0, 1, 2]
     assert s.counters.num_evictions == 0
     assert s.stats().num_conversations_parked == 2  # the parked original and the finished branch
-    assert refcounts(s) == [2, 1, 1, 1, 0, 0, 0, 0]
+    assert refcounts(s) == [2, 1, 1, 0, 0, 1, 0, 0]
 
     # the original comes back into the lane without a copy; the branch is parked in turn
     s.add("a2", first + [1000, 7])
@@ -258,7 +261,7 @@ def test_branch_pooled_without_an_empty_lane_parks_the_original():
     assert p.admitted == (Admission("a2", 0, 10),)
     assert p.copies == ()
     assert s.lanes[0].conv is orig
-    assert p.work == (LaneWork(0, "a2", (1000, 7), 10, (0, 1, 2, 4), True),)
+    assert p.work == (LaneWork(0, "a2", (1000, 7), 10, (0, 1, 2, 3), True),)
     assert s.counters.num_moves_swap == 0 and s.counters.num_cells_copied == 2
 
 
@@ -300,12 +303,12 @@ def test_branch_from_a_running_conversation_forks_it():
     s.add("br", first + [90])  # shares all of a's cells, but a is busy: fork
     p = d.step()
     assert p.admitted == (Admission("br", 1, 10, True),)
-    assert p.copies == (CellCopy(2, 3, 0, 2),)
+    assert p.copies == (CellCopy(2, 5, 0, 2),)
     assert p.work == (
         LaneWork(0, "a", (1000,), 10, (0, 1, 2), True),
-        LaneWork(1, "br", (90,), 10, (0, 1, 3), True),
+        LaneWork(1, "br", (90,), 10, (0, 1, 5), True),
     )
-    assert refcounts(s) == [2, 2, 1, 1, 0, 0, 0, 0]
+    assert refcounts(s) == [2, 2, 1, 0, 0, 1, 0, 0]
 
 
 # ---- slot choice -----------------------------------------------------------------------------
@@ -371,7 +374,7 @@ def test_prefix_ties_between_idle_conversations_go_to_the_most_recent():
     s.add("x1", [1, 2, 3])
     s.add("x2", [1, 2, 3])  # admitted in the same step: nothing to share yet
     d.step(finish=["x1", "x2"])
-    assert lane_chunks(s) == [[0], [1], None]
+    assert lane_chunks(s) == [[0], [4], None]
     s.add("z", [1, 2, 3, 9])
     p = d.step()
     assert p.admitted == (Admission("z", 1, 3),)
@@ -465,14 +468,14 @@ def test_park_then_follow_up_restores_without_copying():
     s.add("b", [20, 21, 22])
     p = d.step()
     assert p.admitted == (Admission("b", 0, 0),)
-    assert p.work[0].chunk_ids == (3,)
+    assert p.work[0].chunk_ids == (5,)  # past half the free run 3..7: room for a to grow
 
     s.add("a2", first + [1000, 7])
     p = d.step()
     assert p.admitted == (Admission("a2", 1, 10),)
     assert p.copies == ()
     assert s.lanes[1].conv is conv
-    assert LaneWork(1, "a2", (1000, 7), 10, (0, 1, 2, 4), True) in p.work  # 13 cells
+    assert LaneWork(1, "a2", (1000, 7), 10, (0, 1, 2, 3), True) in p.work  # 13 cells, one run
     assert s.counters.num_cells_copied == 0
     assert s.counters.num_moves_swap == 0  # restoring from the pool is not a lane move
 
@@ -513,12 +516,14 @@ def test_pool_full_evicts_lru_first_only_what_is_needed():
     s = Scheduler(pooled(6), num_lanes=3, max_context=32, prefill_chunk=64)
     d = Driver(s)
     _three_idle(s, d)
-    assert lane_chunks(s) == [[0], [1, 2], [3, 4]]
+    # Y starts past half the free run 1..5; Z fills the run 4..5, then took 1 for its
+    # third chunk and gave it back
+    assert lane_chunks(s) == [[0], [2, 3], [4, 5]]
     s.add("W", [4] * 5)  # 2 chunks, 1 free: X alone covers it
     p = d.step()
     assert p.admitted == (Admission("W", 0, 0),)
     assert s.counters.num_evictions == 1
-    assert lane_chunks(s) == [[0, 5], [1, 2], [3, 4]]
+    assert lane_chunks(s) == [[0, 1], [2, 3], [4, 5]]
     assert sorted(c.token_ids[0] for c in s.cache) == [2, 3, 4]
 
 
@@ -532,7 +537,7 @@ def test_pool_full_evicts_two_lru_when_one_is_not_enough():
     assert p.admitted == (Admission("W", 0, 0),)
     assert p.refused == ()
     assert s.counters.num_evictions == 2
-    assert lane_chunks(s) == [[0, 1, 2, 5], None, [3, 4]]
+    assert lane_chunks(s) == [[0, 1, 2, 3], None, [4, 5]]
     assert sorted(c.token_ids[0] for c in s.cache) == [3, 4]  # Z, the most recent, stays
 
 
@@ -540,7 +545,7 @@ def test_pool_full_evicts_nothing_and_refuses_when_all_would_not_be_enough():
     s = Scheduler(pooled(8), num_lanes=4, max_context=32, prefill_chunk=64)
     d = Driver(s)
     _three_idle(s, d, active=[5] * 6)  # A keeps [0, 1] and decodes on
-    assert lane_chunks(s) == [[0, 1], [2], [3, 4], [5, 6]]
+    assert lane_chunks(s) == [[0, 1], [4], [5, 6], [2, 3]]
     stats, before = s.stats(), tables(s)
     idle_before = {k: v for k, v in before.items() if not v[4]}
 
@@ -831,7 +836,7 @@ def test_abort_of_a_follow_up_keeps_the_cached_turn_and_a_fork_keeps_its_source(
     _first_turn(s, d, first)
     s.add("br", first[:6] + [90])
     d.step()
-    assert refcounts(s) == [2, 1, 1, 1, 0, 0, 0, 0]
+    assert refcounts(s) == [2, 1, 1, 0, 0, 1, 0, 0]  # br: [0, 5]
     s.abort("br")
     assert refcounts(s) == [1, 1, 1, 0, 0, 0, 0, 0]
     assert s.lanes[0].conv.token_ids == first

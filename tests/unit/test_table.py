@@ -37,13 +37,17 @@ def test_grow_takes_exact_chunk_ids():
     tbl.grow(t, pool, 8)
     assert t.chunk_ids == [0, 1]
     other = filled(pool, 1)
-    assert other.chunk_ids == [2]
+    assert other.chunk_ids == [4]  # a new table starts past half the free run 2..7
     assert tbl.num_chunks_to_grow(t, 9, 4) == 1
     tbl.grow(t, pool, 9)
-    assert t.chunk_ids == [0, 1, 3]
+    assert t.chunk_ids == [0, 1, 2]  # the id after the table's last one was free
+    tbl.grow(t, pool, 13)
+    assert t.chunk_ids == [0, 1, 2, 3]
+    tbl.grow(t, pool, 17)
+    assert t.chunk_ids == [0, 1, 2, 3, 6]  # 4 is held: a new run in the free run 5..7
     assert tbl.num_chunks_to_grow(t, 3, 4) == 0  # never shrinks
-    assert t.cell_capacity(4) == 12
-    assert pool.num_held == 4
+    assert t.cell_capacity(4) == 20
+    assert pool.num_held == 6
     pool.check()
 
 
@@ -63,10 +67,10 @@ def test_fork_shares_full_chunks_and_copies_only_the_partial_last_chunk():
     assert t.chunk_ids == [0, 1, 2]
     assert tbl.num_chunks_to_fork(10, 4) == 1
     f, copies = tbl.fork(t, pool, 10)
-    assert f.chunk_ids == [0, 1, 3]
+    assert f.chunk_ids == [0, 1, 5]  # after 1 comes 2, held: past half the free run 3..7
     assert f.num_cells == 10
-    assert copies == [CellCopy(src_chunk=2, dst_chunk=3, start=0, num_cells=2)]
-    assert refcounts(pool) == [2, 2, 1, 1, 0, 0, 0, 0]
+    assert copies == [CellCopy(src_chunk=2, dst_chunk=5, start=0, num_cells=2)]
+    assert refcounts(pool) == [2, 2, 1, 0, 0, 1, 0, 0]
     assert t.chunk_ids == [0, 1, 2] and t.num_cells == 10  # the original is untouched
     assert tbl.is_writable(t, pool) and tbl.is_writable(f, pool)
     pool.check()
@@ -76,10 +80,10 @@ def test_fork_of_a_prefix_inside_a_chunk():
     pool = KVPool(8, 4)
     t = filled(pool, 10)
     f, copies = tbl.fork(t, pool, 6)
-    assert f.chunk_ids == [0, 3]
+    assert f.chunk_ids == [0, 5]
     assert f.num_cells == 6
-    assert copies == [CellCopy(1, 3, 0, 2)]
-    assert refcounts(pool) == [2, 1, 1, 1, 0, 0, 0, 0]
+    assert copies == [CellCopy(1, 5, 0, 2)]
+    assert refcounts(pool) == [2, 1, 1, 0, 0, 1, 0, 0]
     pool.check()
 
 
@@ -95,7 +99,7 @@ def test_fork_at_a_chunk_boundary_copies_nothing():
     # the fork's next write (position 8) falls in a chunk it does not hold yet: writable
     assert tbl.is_writable(f, pool)
     tbl.grow(f, pool, 9)
-    assert f.chunk_ids == [0, 1, 3]
+    assert f.chunk_ids == [0, 1, 5]  # 2 is the original's
     pool.check()
 
 
@@ -137,12 +141,13 @@ def test_truncate_into_a_shared_partial_chunk_copies_on_write():
     assert refcounts(pool) == [2, 2, 1, 0, 0, 0, 0, 0]
     assert tbl.num_chunks_to_truncate(t, pool, 6) == 1
     copies = tbl.truncate(t, pool, 6)
-    # chunk 2 went back to the pool first, so it is the lowest free id for the copy
-    assert copies == [CellCopy(src_chunk=1, dst_chunk=2, start=0, num_cells=2)]
-    assert t.chunk_ids == [0, 2]
+    # chunk 2 went back to the pool first; the copy follows chunk 0, whose next id is the
+    # shared one, so it starts past half the free run 2..7
+    assert copies == [CellCopy(src_chunk=1, dst_chunk=4, start=0, num_cells=2)]
+    assert t.chunk_ids == [0, 4]
     assert t.num_cells == 6
     assert f.chunk_ids == [0, 1]  # the fork keeps its chunk, now alone
-    assert refcounts(pool) == [2, 1, 1, 0, 0, 0, 0, 0]
+    assert refcounts(pool) == [2, 1, 0, 0, 1, 0, 0, 0]
     assert tbl.is_writable(t, pool) and tbl.is_writable(f, pool)
     pool.check()
 
@@ -251,9 +256,9 @@ def test_pooled_layout_num_freed_by_release_over_tables():
     layout.grow(t, 10)
     t.num_cells = 10
     f, _ = layout.fork(t, 9, 1)
-    assert f.chunk_ids == [0, 1, 3]
+    assert f.chunk_ids == [0, 1, 5]
     assert layout.num_freed_by_release([t]) == 1  # only chunk 2 is its own
-    assert layout.num_freed_by_release([f]) == 1  # only chunk 3
+    assert layout.num_freed_by_release([f]) == 1  # only chunk 5
     assert layout.num_freed_by_release([t, f]) == 4
     layout.release(t)
     assert layout.num_freed_by_release([f]) == 3
