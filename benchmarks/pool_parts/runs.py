@@ -57,7 +57,7 @@ def arm_runs(p: dict) -> dict:
                          "gathered": build_inputs([w], ChunkCells(chunk, None)).meta}  # no bound: gathered
             finally:
                 reads.MAX_RUNS = max_runs
-            kind = "runs" if picked.cell_runs else "in place" if picked.cell_slice else "gathered"
+            kind = {"runs": "runs", "contiguous": "in place"}.get(picked.kind, "gathered")
             cpu: dict[str, list[float]] = {name: [] for name in metas}
             wall: dict[str, list[float]] = {name: [] for name in metas}
             for rep in range(p["reps"]):

@@ -194,10 +194,10 @@ def test_a_lane_in_many_long_runs_is_read_run_by_run_and_agrees_with_the_gather(
     cells = ChunkCells(c, num_cells=num_chunks * c)
     full = work(0, [1], len(ids) * c - 1, ids)  # every run whole: MIN_RUN_CELLS cells on average
     (d,) = build_inputs([full], cells).meta.decode
-    assert d.cell_runs == tuple(slice(i * c, i * c + c) for i in ids) and d.cell_index is None
+    assert d == DecodeRuns(0, tuple(slice(i * c, i * c + c) for i in ids))
     short = work(0, [1], len(ids) * c - 2, ids)  # one cell short of that average: gathered
     (d,) = build_inputs([short], cells).meta.decode
-    assert d.cell_runs is None and d.cell_index is not None
+    assert isinstance(d, DecodeGather)
     q, k_new, v_new = torch.randn(1, heads, dim), torch.randn(1, kv_heads, dim), torch.randn(1, kv_heads, dim)
     got = attend(q, k_new, v_new, k_cache.clone(), v_cache.clone(), build_inputs([full], cells).meta)
     want = attend(q, k_new, v_new, k_cache.clone(), v_cache.clone(), build_inputs([full], ChunkCells(c)).meta)

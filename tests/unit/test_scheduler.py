@@ -74,9 +74,11 @@ def test_prompts_take_the_larger_budget_only_while_no_lane_decodes():
     s.add("a", list(range(1, 11)))
     s.add("b", list(range(11, 22)))
     p = d.step()  # nothing decodes yet: 15 prompt tokens, a whole then the start of b
-    assert p.work == (LaneWork(0, "a", R(1, 11), 0, (0, 1, 2), True), LaneWork(1, "b", R(11, 16), 0, (3, 4, 5), False))
+    assert p.work == (LaneWork(0, "a", R(1, 11), 0, (0, 1, 2), True),
+                      LaneWork(1, "b", R(11, 16), 0, (8, 9, 10), False))
     p = d.step()  # a decodes now: back to pieces of 6, so its gap stays one small step
-    assert p.work == (LaneWork(0, "a", (1000,), 10, (0, 1, 2), True), LaneWork(1, "b", R(16, 22), 5, (3, 4, 5), True))
+    assert p.work == (LaneWork(0, "a", (1000,), 10, (0, 1, 2), True),
+                      LaneWork(1, "b", R(16, 22), 5, (8, 9, 10), True))
     s.finish("a")
     s.finish("b")
     s.add("c", list(range(40, 60)))
