@@ -27,10 +27,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 class Chat:
-    def __init__(self, gguf_path: str):
+    def __init__(self, gguf_path: str, **env_extra: str):
         args = ["-m", "strata.cli", "chat", "--model", gguf_path, "--temperature", "0",
                 "--max-new", str(MAX_NEW), "--dtype", "float32", "--max-context", "512"]
-        env = {**os.environ, "TERM": "dumb", "PYTHONPATH": ROOT}
+        env = {**os.environ, "TERM": "dumb", "PYTHONPATH": ROOT, **env_extra}
         self.child = pexpect.spawn(sys.executable, args, env=env, encoding="utf-8", timeout=300)
         self.child.expect("you> ")
         self.startup = self.child.before
@@ -60,7 +60,8 @@ def greedy(llm: LLM, messages: list[dict]) -> str:
 
 
 def test_chat_turns_cache_regenerate_branch_stop_system(gguf_path, offline):
-    chat = Chat(gguf_path)
+    # Built from the file, not mapped from the prepared-model cache (which has no bar to show).
+    chat = Chat(gguf_path, STRATA_CACHE_DIR="off")
     assert "loading weights" in chat.startup  # the load's progress bar, on a terminal
     tok = offline.tokenizer
     q1, q2, q3 = "What is the capital of France?", "And of Italy?", "And of Spain?"
