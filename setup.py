@@ -15,7 +15,7 @@ except ImportError:  # no torch in the build environment: no extension
 else:
     # x86-64-v3 (AVX2, FMA, F16C): fused.py loads the module only on CPUs that have them.
     ext_modules = [CppExtension("strata._decode_ops", ["strata/csrc/decode_ops.cpp"],
-                                extra_compile_args=["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp-simd"],
+                                extra_compile_args=["-O3", "-mavx2", "-mfma", "-mf16c"],
                                 optional=True)]
     cmdclass = {"build_ext": BuildExtension.with_options(use_ninja=False)}
 

@@ -8,10 +8,6 @@
 //       qkv [tokens, (heads + 2 kv_heads) dim]: rotates q and k (rotate-half, cos/sin
 //       [tokens, dim / 2]), writes k and v into cell write_index[t] of the caches
 //       [kv_heads, cells, dim], returns q [tokens, heads, dim]
-//   decode_attention(q, k, v, spans, row_spans, scale)
-//       q [rows, heads, dim] (rows strided, heads and dim contiguous); k, v [kv_heads, cells, dim]; row r attends to the cells of
-//       spans[row_spans[r] : row_spans[r + 1]], each span (first cell, count), in order:
-//       exact softmax attention (online, float32), K/V read in place, never gathered.
 // Tensors are bfloat16 or float32 and contiguous in their last dim (checked in Python).
 
 #include <torch/extension.h>
@@ -69,78 +65,6 @@ torch::Tensor add_rms_norm(torch::Tensor x, torch::Tensor d, torch::Tensor w, do
   return y;
 }
 
-// exp(x) for x <= 0 in float32 (relative error ~2e-7), written so a loop of it vectorizes:
-// x = n ln2 + r, |r| <= ln2 / 2, exp(r) by its degree-6 Taylor polynomial, 2^n by the exponent bits.
-inline float exp_nonpos(float x) {
-  x = std::max(x, -87.f);
-  const float n = std::nearbyint(x * 1.44269504f);
-  const float r = (x - n * 0.693145752f) - n * 1.42860677e-6f;
-  float p = 1.f / 720;
-  p = p * r + 1.f / 120; p = p * r + 1.f / 24; p = p * r + 1.f / 6; p = p * r + 0.5f; p = p * r + 1.f; p = p * r + 1.f;
-  int32_t bits;
-  std::memcpy(&bits, &p, 4);
-  bits += static_cast<int32_t>(n) << 23;
-  std::memcpy(&p, &bits, 4);
-  return p;
-}
-
-template <typename T>
-void attend_one(const T* q, int64_t group, int64_t dim, const T* k, const T* v, int64_t cell_stride,
-                const int64_t* spans, int64_t num_spans, float scale, T* out) {
-  // q: `group` query heads [group, dim] sharing one K/V head; k, v: that head's cells.
-  // Online softmax over blocks of cells: scores, block max, rescale, accumulate V.
-  constexpr int64_t kMaxGroup = 16, kMaxDim = 256, kBlock = 32;
-  alignas(64) float qf[kMaxGroup][kMaxDim], acc[kMaxGroup][kMaxDim], s[kMaxGroup][kBlock];
-  alignas(64) float blk[kBlock][kMaxDim];
-  float m[kMaxGroup], l[kMaxGroup];
-  for (int64_t h = 0; h < group; ++h) {
-    for (int64_t i = 0; i < dim; ++i) { qf[h][i] = to_f(q[h * dim + i]) * scale; acc[h][i] = 0.f; }
-    m[h] = -INFINITY;
-    l[h] = 0.f;
-  }
-  for (int64_t sp = 0; sp < num_spans; ++sp) {
-    const int64_t first = spans[2 * sp], count = spans[2 * sp + 1];
-    for (int64_t b = 0; b < count; b += kBlock) {
-      const int64_t nb = std::min(kBlock, count - b);
-      for (int64_t j = 0; j < nb; ++j) {
-        const T* kr = k + (first + b + j) * cell_stride;
-        for (int64_t i = 0; i < dim; ++i) blk[j][i] = to_f(kr[i]);
-      }
-      for (int64_t h = 0; h < group; ++h) {
-        for (int64_t j = 0; j < nb; ++j) {
-          float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-          for (int64_t i = 0; i < dim; ++i) dot += qf[h][i] * blk[j][i];
-          s[h][j] = dot;
-        }
-        float mb = m[h];
-        for (int64_t j = 0; j < nb; ++j) mb = std::max(mb, s[h][j]);
-        const float corr = std::exp(m[h] - mb);  // 0 on the first block (m = -inf)
-        float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j < nb; ++j) { s[h][j] = exp_nonpos(s[h][j] - mb); sum += s[h][j]; }
-        l[h] = l[h] * corr + sum;
-        for (int64_t i = 0; i < dim; ++i) acc[h][i] *= corr;
-        m[h] = mb;
-      }
-      for (int64_t j = 0; j < nb; ++j) {
-        const T* vr = v + (first + b + j) * cell_stride;
-        for (int64_t i = 0; i < dim; ++i) blk[j][i] = to_f(vr[i]);
-      }
-      for (int64_t h = 0; h < group; ++h)
-        for (int64_t j = 0; j < nb; ++j) {
-          const float p = s[h][j];
-#pragma omp simd
-          for (int64_t i = 0; i < dim; ++i) acc[h][i] += p * blk[j][i];
-        }
-    }
-  }
-  for (int64_t h = 0; h < group; ++h) {
-    const float inv = l[h] > 0.f ? 1.f / l[h] : 0.f;
-    for (int64_t i = 0; i < dim; ++i) out[h * dim + i] = static_cast<T>(acc[h][i] * inv);
-  }
-}
-
 torch::Tensor rope_write(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor k_cache,
                          torch::Tensor v_cache, torch::Tensor write_index, int64_t heads, int64_t kv_heads) {
   const int64_t tokens = qkv.size(0), dim = k_cache.size(2), half = dim / 2;
@@ -180,39 +104,10 @@ torch::Tensor rope_write(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin
   return q;
 }
 
-torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor spans,
-                               torch::Tensor row_spans, double scale) {
-  const int64_t rows = q.size(0), heads = q.size(1), dim = q.size(2);
-  const int64_t kv_heads = k.size(0), group = heads / kv_heads;
-  TORCH_CHECK(group <= 16 && dim <= 256, "decode_attention: at most 16 query heads per K/V head, dim 256");
-  TORCH_CHECK(k.stride(1) == v.stride(1) && k.stride(0) == v.stride(0), "decode_attention: k and v strides differ");
-  auto out = torch::empty({rows, heads, dim}, q.options());
-  const int64_t q_row = q.stride(0);
-  const int64_t* sp = spans.data_ptr<int64_t>();
-  const int64_t* rs = row_spans.data_ptr<int64_t>();
-  const int64_t head_stride = k.stride(0), cell_stride = k.stride(1);
-  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, q.scalar_type(), "decode_attention", [&] {
-    const scalar_t* qp = q.data_ptr<scalar_t>();
-    const scalar_t* kp = k.data_ptr<scalar_t>();
-    const scalar_t* vp = v.data_ptr<scalar_t>();
-    scalar_t* op = out.data_ptr<scalar_t>();
-    at::parallel_for(0, rows * kv_heads, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t item = begin; item < end; ++item) {
-        const int64_t r = item / kv_heads, h = item % kv_heads;
-        const int64_t offset = (r * heads + h * group) * dim;  // out is contiguous; q's heads are
-        attend_one(qp + r * q_row + h * group * dim, group, dim, kp + h * head_stride, vp + h * head_stride,
-                   cell_stride, sp + 2 * rs[r], rs[r + 1] - rs[r], static_cast<float>(scale), op + offset);
-      }
-    });
-  });
-  return out;
-}
-
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm);
   m.def("add_rms_norm", &add_rms_norm);
-  m.def("decode_attention", &decode_attention);
   m.def("rope_write", &rope_write);
 }

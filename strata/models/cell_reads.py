@@ -5,9 +5,7 @@ Decode rows (one new token per lane):
 - `DecodeStrided`: lanes evenly spaced in storage (the reserved layout), one strided view;
 - `DecodeRuns`: one long lane in a few runs of chunks, each read in place, merged by
   log-sum-exp;
-- `DecodeGather`: lanes gathered through flat cell indices, padded to the longest;
-- `DecodeSpans`: every decoding lane in one call of the fused CPU kernel, each lane's
-  cells as runs of storage read in place (models/fused.py; the others are torch ops).
+- `DecodeGather`: lanes gathered through flat cell indices, padded to the longest.
 Prefill pieces (a lane's new tokens, each attending to the cells up to its own):
 - `PrefillContiguous`, `PrefillGather`, `PrefillRuns`: the same three ways.
 
@@ -176,28 +174,6 @@ class DecodeRuns:
         return self
 
 
-@dataclass(frozen=True)
-class DecodeSpans:
-    """Every decoding lane at once through the fused kernel (models/fused.py): row r reads
-    the spans spans[row_spans[r]:row_spans[r + 1]] (first cell, count), in place, in order;
-    no padding, no gather, one call per layer. bf16/f32 K/V on the CPU only."""
-
-    kind: ClassVar[str] = "spans"
-    row_start: int
-    num_rows: int
-    spans: torch.Tensor  # [spans, 2] long
-    row_spans: torch.Tensor  # [rows + 1] long: each row's first span, then the end
-    ops: object = dataclasses.field(repr=False, compare=False, default=None)
-
-    def attend(self, q: torch.Tensor, k_cache: Cache, v_cache: Cache) -> torch.Tensor:
-        scale = q.shape[-1] ** -0.5
-        return self.ops.decode_attention(q, k_cache, v_cache, self.spans, self.row_spans, scale)
-
-    def to(self, device: torch.device) -> DecodeSpans:
-        assert device.type == "cpu", "the fused decode kernel is CPU-only"
-        return self
-
-
 def causal_bias_mask(rows: int, num_cells: int, device: torch.device) -> torch.Tensor:
     """[rows, cells] bool: row r (the lane's position num_cells - rows + r) sees cells up to its own."""
     return torch.arange(num_cells, device=device) <= torch.arange(num_cells - rows, num_cells,
@@ -258,5 +234,5 @@ class PrefillRuns:
         return _moved(self, device)
 
 
-DecodeRead = DecodeContiguous | DecodeStrided | DecodeGather | DecodeRuns | DecodeSpans
+DecodeRead = DecodeContiguous | DecodeStrided | DecodeGather | DecodeRuns
 PrefillRead = PrefillContiguous | PrefillGather | PrefillRuns

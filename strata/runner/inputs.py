@@ -14,13 +14,12 @@ from strata.models.cell_reads import (
     DecodeGather,
     DecodeRead,
     DecodeRuns,
-    DecodeSpans,
     DecodeStrided,
     PrefillContiguous,
     PrefillGather,
     PrefillRuns,
 )
-from strata.runner.reads import ChunkCells, chunk_runs, contiguous, runs_of, split_for_rows, strided_slots
+from strata.runner.reads import ChunkCells, contiguous, runs_of, split_for_rows, strided_slots
 
 
 @dataclass(frozen=True)
@@ -96,27 +95,11 @@ def _decode_groups(decode: Sequence[LaneWork], cells: ChunkCells) -> tuple[list[
     return ordered, tuple(groups)
 
 
-def _decode_spans(decode: Sequence[LaneWork], chunk_size: int, ops) -> DecodeSpans:
-    """All decoding lanes as one group for the fused kernel: each lane's chunk table as runs
-    of consecutive chunks, the last cut to the lane's length."""
-    spans: list[tuple[int, int]] = []
-    row_spans = [0]
-    for w in decode:
-        for run in chunk_runs(w.chunk_ids, w.num_cells, chunk_size):
-            spans.append((run.start, run.stop - run.start))
-        row_spans.append(len(spans))
-    return DecodeSpans(0, len(decode), torch.tensor(spans, dtype=torch.long).view(-1, 2),
-                       torch.tensor(row_spans, dtype=torch.long), ops)
-
-
-def build_inputs(work: Sequence[LaneWork], cells: ChunkCells, ops=None) -> StepInputs:
-    """`ops`: the fused decode ops (every decoding lane read by one kernel call), or None."""
+def build_inputs(work: Sequence[LaneWork], cells: ChunkCells) -> StepInputs:
     chunk_size = cells.chunk_size
-    decode = sorted((w for w in work if len(w.token_ids) == 1), key=lambda w: w.num_cells)
-    if ops is not None and decode:
-        decode_groups: tuple[DecodeRead, ...] = (_decode_spans(decode, chunk_size, ops),)
-    else:
-        decode, decode_groups = _decode_groups(decode, cells)
+    decode, decode_groups = _decode_groups(
+        sorted((w for w in work if len(w.token_ids) == 1), key=lambda w: w.num_cells), cells
+    )
     prefill = [w for w in work if len(w.token_ids) > 1]
     ordered = tuple(decode + prefill)
     ids: list[int] = []

@@ -24,10 +24,6 @@ class ModelRunner:
         # have mishandled unusual K/V strides, and none was lent to test them; they gather.
         is_cpu = all(d.type == "cpu" for d in model.devices)
         self.cells = ChunkCells(kv.chunk_size, kv.num_chunks * kv.chunk_size if is_cpu else None)
-        # Every decoding lane through the fused kernel where the model has the ops (CPU) and
-        # the K/V is bf16 or f32 (int8 cells are dequantised by the torch reads).
-        fusable = kv.dtype in (torch.bfloat16, torch.float32) and kv.dtype == model.dtype
-        self.ops = model.ops if fusable else None
         self.first_device = model.layer_devices[0]
         self.last_device = model.layer_devices[-1]
 
@@ -47,7 +43,7 @@ class ModelRunner:
         self.kv.copy_cells(plan.copies)
         if not plan.work:
             return StepOutput(())
-        inputs = build_inputs(plan.work, self.cells, self.ops)
+        inputs = build_inputs(plan.work, self.cells)
         metas = {d: inputs.meta.to(d) for d in self.model.devices}
         positions = {d: inputs.positions.to(d, non_blocking=True) for d in self.model.devices}
         logits = self.model.forward(

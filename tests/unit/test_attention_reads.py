@@ -133,7 +133,7 @@ def read_paths(meta: AttentionMeta, work: tuple[LaneWork, ...]) -> dict[int, str
 
 
 def check(shape: Shape, lanes: list[Lane], seed: int, *, known_storage: bool = True,
-          runs_min_cells: int = 1024, ops=None) -> dict[int, str]:
+          runs_min_cells: int = 1024) -> dict[int, str]:
     """One step of `lanes` through the engine and through the reference; returns each lane's
     read path. Lane i is LaneWork lane i."""
     c = shape.chunk_size
@@ -162,7 +162,7 @@ def check(shape: Shape, lanes: list[Lane], seed: int, *, known_storage: bool = T
     work = [LaneWork(i, f"r{i}", tuple(range(100, 100 + lane.num_new)), lane.start, lane.chunk_ids, True)
             for i, lane in enumerate(lanes)]
     cells = ChunkCells(c, shape.num_chunks * c if known_storage else None, runs_min_cells=runs_min_cells)
-    inp = build_inputs(work, cells, ops)
+    inp = build_inputs(work, cells)
     order = [w.lane for w in inp.work]
     assert sorted(order) == list(range(len(lanes)))
     out = attend(torch.cat([q[i] for i in order]), torch.cat([k[i] for i in order]),
@@ -359,27 +359,3 @@ def test_any_step_matches_the_reference(shape, data, seed):
     for path in set(paths.values()):  # pytest --hypothesis-show-statistics: how often each path ran
         event(path)
 
-
-@settings(max_examples=100, deadline=None)
-@given(shape=shapes(), data=st.data(), seed=st.integers(0, 2**16))
-def test_the_fused_kernel_reads_every_layout_like_the_reference(decode_ops, shape, data, seed):
-    """The fused CPU kernel (every decoding lane in one call, its chunk table as runs of
-    storage read in place) on the same mixed steps; float32 K/V (it reads K/V in the compute
-    dtype; bf16 is in test_fused_ops.py)."""
-    shape = dict(shape, kv_dtype="f32")
-    c = shape["chunk_size"]
-    lengths = data.draw(st.lists(st.integers(1, 40), min_size=1, max_size=5))
-    news = [data.draw(new_tokens(m)) for m in lengths]
-    need = [chunks_for(m, c) for m in lengths]
-    chunks = data.draw(st.permutations(range(sum(need) + data.draw(st.integers(0, 3)))))
-    if data.draw(st.booleans()):
-        chunks = sorted(chunks)
-    owner = [lane for lane in range(len(need)) for _ in range(need[lane])]
-    tables = [[] for _ in lengths]
-    for lane, chunk in zip(owner, chunks):
-        tables[lane].append(chunk)
-    lanes = [Lane(tuple(t), m - k, k) for t, m, k in zip(tables, lengths, news)]
-    paths = check(Shape(num_chunks=len(chunks), **shape), lanes, seed, ops=decode_ops)
-    for i, lane in enumerate(lanes):
-        if lane.num_new == 1:
-            assert paths[i] == "spans", paths

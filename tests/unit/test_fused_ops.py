@@ -25,37 +25,6 @@ def test_rms_norm_and_add_rms_norm_match_torch(decode_ops, dtype, tol, rows):
     torch.testing.assert_close(got, norm(want_x), rtol=tol, atol=tol)
 
 
-@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-def test_decode_attention_matches_sdpa_over_spans(decode_ops, dtype, tol):
-    """Rows over spans of one storage: one span, several, a span of one cell, 1000 cells
-    (many blocks), a lane whose spans come in reverse storage order."""
-    g = torch.Generator().manual_seed(0)
-    kv_heads, group, dim, cells = 3, 3, 64, 4096
-    k = torch.randn(kv_heads, cells, dim, generator=g).to(dtype)
-    v = torch.randn(kv_heads, cells, dim, generator=g).to(dtype)
-    rows = [[(0, 1)], [(10, 70)], [(100, 33), (2000, 1), (500, 64)], [(3000, 1000)], [(1200, 8), (1100, 8)]]
-    spans = torch.tensor([s for r in rows for s in r], dtype=torch.long)
-    row_spans = torch.tensor([0, *torch.tensor([len(r) for r in rows]).cumsum(0).tolist()], dtype=torch.long)
-    q = torch.randn(len(rows), kv_heads * group, dim, generator=g).to(dtype)
-    got = decode_ops.decode_attention(q, k, v, spans, row_spans, dim**-0.5)
-    for r, row in enumerate(rows):
-        idx = torch.cat([torch.arange(a, a + n) for a, n in row])
-        qg = q[r].float().view(1, kv_heads, group, dim)
-        want = F.scaled_dot_product_attention(qg, k[:, idx].float().unsqueeze(0), v[:, idx].float().unsqueeze(0))
-        torch.testing.assert_close(got[r].float(), want.view(kv_heads * group, dim), rtol=tol, atol=tol)
-
-
-def test_decode_attention_reads_queries_with_a_row_stride(decode_ops):
-    """q as the model passes it: a view of q|k side by side, rows not contiguous."""
-    g = torch.Generator().manual_seed(1)
-    qk = torch.randn(2, 9 + 3, 16, generator=g)
-    k = torch.randn(3, 64, 16, generator=g)
-    spans, row_spans = torch.tensor([[0, 20], [30, 5]]), torch.tensor([0, 1, 2])
-    got = decode_ops.decode_attention(qk[:, :9], k, k, spans, row_spans, 0.25)
-    want = decode_ops.decode_attention(qk[:, :9].contiguous(), k, k, spans, row_spans, 0.25)
-    assert torch.equal(got, want)
-
-
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
 def test_rope_write_rotates_q_and_k_and_writes_k_and_v_to_their_cells(decode_ops, dtype, tol):
     g = torch.Generator().manual_seed(2)
