@@ -7,7 +7,7 @@ Invariants:
 - `_handles` and `_num_active` belong to the asyncio thread.
 - Every request the engine accepted ends with exactly one final event: a finished
   `RequestOutput` (stop, length, abort, or a refusal carrying `error`) or `Failed`.
-- Closing a handle before its final event sends `_Cancel`: the engine aborts the request
+- Closing a handle before its final event sends `Cancel`: the engine aborts the request
   before its next step, and the request's chunks go back to the pool.
 - Before the final event, `Admitted` comes first once the request holds a lane.
 """
@@ -23,12 +23,12 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from strata.engine.engine import Engine
 from strata.engine.request import RequestOutput
 from strata.errors import QueueFullError, StrataError
 from strata.sampling import SamplingParams
+from strata.server.engine_commands import STOP, WAKE, Add, Call, Cancel
 from strata.server.errors import NotReady, ServerError
 from strata.server.incidents import incident_id
 from strata.server.handle import Admitted, Event, Failed, RequestHandle, is_final
@@ -38,31 +38,6 @@ from strata.server.params import ModelInfo
 from strata.server.snapshot import EngineSnapshot, take_snapshot
 
 log = logging.getLogger("strata.server")
-
-
-@dataclass(frozen=True)
-class _Add:
-    request_id: str
-    prompt_ids: list[int]
-    params: SamplingParams
-    arrival: float
-
-
-@dataclass(frozen=True)
-class _Cancel:
-    request_id: str
-
-
-@dataclass(frozen=True)
-class _Call:
-    """Run `fn(engine)` on the engine thread between steps; its result or error goes to `future`."""
-
-    fn: Callable[[Engine], object]
-    future: concurrent.futures.Future
-
-
-_STOP = object()
-_WAKE = object()  # no work: the engine thread wakes and observes (a monitor opened)
 
 
 class EngineLoop:
@@ -106,7 +81,7 @@ class EngineLoop:
         self._thread.start()
 
     def stop(self, timeout: float = 30.0) -> None:
-        self._inbox.put(_STOP)
+        self._inbox.put(STOP)
         if self._thread is not None:
             self._thread.join(timeout)
 
@@ -144,24 +119,24 @@ class EngineLoop:
         handle = RequestHandle(request_id, self)
         self._handles[request_id] = handle
         self._num_active += 1
-        self._inbox.put(_Add(request_id, list(prompt_ids), params, time.perf_counter()))
+        self._inbox.put(Add(request_id, list(prompt_ids), params, time.perf_counter()))
         return handle
 
     async def call(self, fn: Callable[[Engine], object]) -> object:
         """`fn(engine)` on the engine thread between two steps (session files); raises what it raises."""
         self.check_ready()
         future: concurrent.futures.Future = concurrent.futures.Future()
-        self._inbox.put(_Call(fn, future))
+        self._inbox.put(Call(fn, future))
         return await asyncio.wrap_future(future)
 
     def wake(self) -> None:
         """The engine thread observes once even if it has no work (a monitor just opened)."""
-        self._inbox.put(_WAKE)
+        self._inbox.put(WAKE)
 
     def close(self, handle: RequestHandle) -> None:
         if not handle.done:
             handle.done = True
-            self._inbox.put(_Cancel(handle.request_id))
+            self._inbox.put(Cancel(handle.request_id))
         self._forget(handle)
 
     def _forget(self, handle: RequestHandle) -> None:
@@ -217,10 +192,10 @@ class EngineLoop:
             batch: list[tuple[str, Event]] = []
             commands = self._drain(block=not engine.has_work)
             for i, command in enumerate(commands):
-                if command is _STOP:
+                if command is STOP:
                     self._shutdown(engine, batch, commands[i + 1 :])
                     return
-                if command is not _WAKE:
+                if command is not WAKE:
                     batch += self._apply(engine, command)
             if engine.has_work:
                 batch += self._step(engine)
@@ -237,15 +212,15 @@ class EngineLoop:
             except queue.Empty:
                 return commands
 
-    def _apply(self, engine: Engine, command: _Add | _Cancel | _Call) -> list[tuple[str, Event]]:
-        if isinstance(command, _Call):
+    def _apply(self, engine: Engine, command: Add | Cancel | Call) -> list[tuple[str, Event]]:
+        if isinstance(command, Call):
             try:
                 command.future.set_result(command.fn(engine))
             except Exception as exc:  # noqa: BLE001 - the caller's to report (a bad file is a 400)
                 command.future.set_exception(exc)
             return []
         request_id = command.request_id
-        if isinstance(command, _Cancel):
+        if isinstance(command, Cancel):
             self._pending.discard(request_id)
             self._arrival.pop(request_id, None)
             self._last_token.pop(request_id, None)
@@ -336,9 +311,9 @@ class EngineLoop:
             if request_id in engine.requests:
                 engine.abort(request_id)
             batch.append((request_id, Failed(error)))
-        batch += [(c.request_id, Failed(error)) for c in unread if isinstance(c, _Add)]
+        batch += [(c.request_id, Failed(error)) for c in unread if isinstance(c, Add)]
         for c in unread:
-            if isinstance(c, _Call):
+            if isinstance(c, Call):
                 c.future.set_exception(error)
         self.snapshot = take_snapshot(engine)
         self._post(batch, error)
