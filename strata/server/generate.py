@@ -84,6 +84,16 @@ async def _collect(handle: RequestHandle, first: Event | None) -> Collected:
         event = await handle.next()
 
 
+async def first_event(request: Request, handle: RequestHandle, keepalive_s: float) -> Event:
+    """A stream's first event; raises the request's error when it ended before any token."""
+    first = await unless_disconnected(request, handle.next(timeout=keepalive_s))
+    if isinstance(first, Failed):
+        raise first.error
+    if isinstance(first, RequestOutput) and first.error is not None:
+        raise first.error
+    return first
+
+
 async def respond(
     request: Request,
     loop: EngineLoop,
@@ -96,11 +106,7 @@ async def respond(
     fmt: Format = fmt_for(handle.request_id)
     try:
         if job.stream:
-            first = await unless_disconnected(request, handle.next(timeout=keepalive_s))
-            if isinstance(first, Failed):
-                raise first.error
-            if isinstance(first, RequestOutput) and first.error is not None:
-                raise first.error
+            first = await first_event(request, handle, keepalive_s)
             stream = EventStream(
                 _events(handle, first, fmt, job, keepalive_s), on_close=handle.close
             )

@@ -18,7 +18,7 @@ from strata.engine.request import RequestOutput
 from strata.server.anthropic.errors import error_event_payload
 from strata.server.anthropic.shapes import PING, MessageFormat, event
 from strata.server.engine_loop import EngineLoop
-from strata.server.generate import CLIENT_CLOSED, Disconnected, unless_disconnected
+from strata.server.generate import CLIENT_CLOSED, Disconnected, first_event, unless_disconnected
 from strata.server.handle import Admitted, Event, Failed, RequestHandle
 from strata.server.params import Job
 from strata.server.sse import EventStream
@@ -46,11 +46,7 @@ async def respond_messages(
     fmt = MessageFormat(handle.request_id, model, job.params.max_tokens, len(job.prompt_ids))
     try:
         if job.stream:
-            first = await unless_disconnected(request, handle.next(timeout=keepalive_s))
-            if isinstance(first, Failed):
-                raise first.error
-            if isinstance(first, RequestOutput) and first.error is not None:
-                raise first.error
+            first = await first_event(request, handle, keepalive_s)
             stream = EventStream(_events(handle, first, fmt, keepalive_s), on_close=handle.close)
             handle = None  # the stream owns it now
             return stream
