@@ -6,9 +6,12 @@ A bad value raises ConfigError whose message names the flag as a user types it.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 
 from strata.errors import ConfigError
+from strata.kv.residency import POLICIES
+from strata.kv.ring_rule import DEFAULT_PAGE, DEFAULT_RING, RESIDENT_MIN, RingSizing, ring_adapt_enabled
 from strata.kv.table import chunks_for
 
 DTYPES = ("float32", "bfloat16")
@@ -36,12 +39,20 @@ class EngineConfig:
     devices: tuple[str, ...] = ("cpu",)
     threads: int | None = None
     memory_guard_mib: int = DEFAULT_MEMORY_GUARD_MIB
+    kv_resident: int | None = None  # cells per layer each lane keeps on the device (None: no ring)
+    kv_page: int | None = None  # None: DEFAULT_PAGE, or the chunk when the chunk is smaller
+    kv_evict: str = "clock"
+    kv_ring_default: int = DEFAULT_RING
+    kv_ring_budget: int | None = None  # device cells per layer for every ring together (None: lanes x cap)
+    kv_ring_adapt: bool | None = None  # None: from STRATA_KV_RING_ADAPT
 
     def __post_init__(self) -> None:
         if isinstance(self.devices, str):  # "cpu,cpu" as typed on the command line
             object.__setattr__(self, "devices", parse_devices(self.devices))
         elif isinstance(self.devices, list):
             object.__setattr__(self, "devices", tuple(self.devices))
+        if self.kv_ring_adapt is None:
+            object.__setattr__(self, "kv_ring_adapt", ring_adapt_enabled(os.environ))
         validate(self)
 
     @property
@@ -58,6 +69,23 @@ class EngineConfig:
     @property
     def is_pooled(self) -> bool:
         return self.kv_pool_tokens is not None
+
+    @property
+    def page(self) -> int:
+        return self.kv_page if self.kv_page is not None else min(DEFAULT_PAGE, self.kv_chunk)
+
+    @property
+    def ring_sizing(self) -> RingSizing | None:
+        if self.kv_resident is None:
+            return None
+        return RingSizing(self.kv_resident, self.page, self.kv_ring_default, bool(self.kv_ring_adapt))
+
+    @property
+    def ring_budget(self) -> int:
+        """Device cells per layer shared by every lane's ring."""
+        if self.kv_ring_budget is not None:
+            return self.kv_ring_budget
+        return self.num_lanes * self.ring_sizing.cap_cells
 
     def replace(self, **changes) -> EngineConfig:
         return dataclasses.replace(self, **changes)
@@ -95,10 +123,31 @@ def validate(cfg: EngineConfig) -> None:
     for dev in cfg.devices:
         if not isinstance(dev, str) or not (dev == "cpu" or dev.startswith("cuda") or dev == "mps"):
             raise ConfigError(f"--devices: unknown device {dev!r} (use cpu, cuda or cuda:N)")
+    _validate_ring(cfg)
     if cfg.kv_pool_tokens is not None:
         _positive_int(cfg.kv_pool_tokens, "--kv-pool-tokens")
         if cfg.max_context is not None:
             check_pool_covers_context(cfg.kv_pool_tokens, cfg.max_context, cfg.kv_chunk)
+
+
+def _validate_ring(cfg: EngineConfig) -> None:
+    _choice(cfg.kv_evict, "--kv-evict", POLICIES)
+    _positive_int(cfg.kv_ring_default, "--kv-ring-default")
+    if cfg.kv_page is not None:
+        _positive_int(cfg.kv_page, "--kv-page", minimum=RESIDENT_MIN)
+    if cfg.kv_chunk % cfg.page:
+        raise ConfigError(f"--kv-page {cfg.page} must divide --kv-chunk {cfg.kv_chunk}")
+    if cfg.kv_resident is None:
+        if cfg.kv_ring_budget is not None:
+            raise ConfigError("--kv-ring-budget needs --kv-resident")
+        return
+    if isinstance(cfg.kv_resident, bool) or not isinstance(cfg.kv_resident, int):
+        raise ConfigError(f"--kv-resident must be an integer, got {cfg.kv_resident!r}")
+    if cfg.kv_resident <= 0:
+        raise ConfigError(f"--kv-resident must be positive (cells per layer on the device), got {cfg.kv_resident}")
+    _positive_int(cfg.kv_resident, "--kv-resident", minimum=RESIDENT_MIN)
+    if cfg.kv_ring_budget is not None:
+        _positive_int(cfg.kv_ring_budget, "--kv-ring-budget", minimum=cfg.page)
 
 
 def check_pool_covers_context(kv_pool_tokens: int, max_context: int, kv_chunk: int) -> None:

@@ -18,6 +18,8 @@ from strata.config import (
     EngineConfig,
     parse_devices,
 )
+from strata.kv.residency import POLICIES
+from strata.kv.ring_rule import DEFAULT_PAGE, DEFAULT_RING
 
 
 def add_engine_args(
@@ -33,6 +35,14 @@ def add_engine_args(
     g.add_argument("--batch", "--slots", dest="batch", type=int, default=default_batch, help="batch slots besides the main session")
     g.add_argument("--kv-chunk", type=int, default=DEFAULT_KV_CHUNK, help="cells per chunk")
     g.add_argument("--kv-pool-tokens", type=int, default=None, help="one shared pool of N cells per layer for all lanes")
+    g.add_argument("--kv-resident", type=int, default=None,
+                   help="cells per layer each lane keeps on the compute device; the rest streams from the pool by pages")
+    g.add_argument("--kv-page", type=int, default=None, help=f"cells per page of the ring (default {DEFAULT_PAGE}; divides --kv-chunk)")
+    g.add_argument("--kv-evict", choices=POLICIES, default="clock", help="which pages stay resident when the set changes")
+    g.add_argument("--kv-ring-default", type=int, default=DEFAULT_RING,
+                   help="the ring a shallow run keeps with STRATA_KV_RING_ADAPT=1")
+    g.add_argument("--kv-ring-budget", type=int, default=None,
+                   help="device cells per layer for all lanes' rings together (default: lanes x --kv-resident)")
     g.add_argument("--prefill-chunk", type=int, default=default_prefill_chunk, help="prompt tokens read per step")
     g.add_argument("--prefill-alone", type=int, default=default_prefill_alone,
                    help="prompt tokens read per step when no lane is decoding (default: --prefill-chunk)")
@@ -47,5 +57,6 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         model=args.model, dtype=args.dtype, weights=args.weights, kv=args.kv, max_context=args.max_context,
         batch=args.batch, kv_chunk=args.kv_chunk, kv_pool_tokens=args.kv_pool_tokens,
         prefill_chunk=args.prefill_chunk, prefill_alone=args.prefill_alone, devices=args.devices, threads=args.threads,
-        memory_guard_mib=args.memory_guard_mib,
+        memory_guard_mib=args.memory_guard_mib, kv_resident=args.kv_resident, kv_page=args.kv_page,
+        kv_evict=args.kv_evict, kv_ring_default=args.kv_ring_default, kv_ring_budget=args.kv_ring_budget,
     )

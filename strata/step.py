@@ -7,7 +7,7 @@ the scheduler commits that output. No torch here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from strata.kv.table import CellCopy
@@ -26,6 +26,8 @@ class LaneWork:
     start: int  # position of token_ids[0] == cells the conversation holds (committed)
     chunk_ids: tuple[int, ...]  # the table, covering start + len(token_ids) cells
     do_sample: bool  # the last token's logits give the lane's next token
+    # prompt + the most new tokens its request may take (sizes a ring; 0: unknown); a hint, not identity
+    target_cells: int = field(default=0, compare=False)
 
     @property
     def num_cells(self) -> int:

@@ -50,6 +50,7 @@ class Sequence:
     is_extension: bool = False  # it took over a cached conversation (which predates it)
     pending: int | None = None  # the last sampled token; its K/V is computed next step
     num_output: int = 0
+    target_cells: int = 0  # prompt + the most new tokens it may take (0: unknown)
 
     @property
     def num_prompt_left(self) -> int:

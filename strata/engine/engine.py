@@ -26,6 +26,8 @@ from strata.engine.session import SessionRestored, SessionSaved, restore_session
 from strata.errors import ContextLengthExceeded, PoolFullError, RequestError, StepFailed, new_error_id
 from strata.kv.layout import KVLayout, PooledLayout
 from strata.kv.reserve import ReservedLayout
+from strata.kv.ring import KVRing
+from strata.kv.ring_rule import round_up
 from strata.kv.storage import KVStorage, kv_bytes_per_cell
 from strata.kv.table import chunks_for
 from strata.loader import ModelSource
@@ -74,15 +76,25 @@ class Engine:
         pool = self.layout.pool
         kv_bytes = pool.num_cells_total * kv_bytes_per_cell(config.kv_dtype, cfg.num_layers, cfg.num_kv_heads,
                                                             cfg.head_dim)
+        if config.kv_resident is not None and all(d == "cpu" for d in config.devices):  # the arena is host memory too
+            per_cell = kv_bytes_per_cell(config.kv_dtype, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
+            kv_bytes += round_up(config.ring_budget, config.page) * per_cell
         weight_elem = torch.empty(0, dtype=TORCH_DTYPES[config.dtype]).element_size()
         check_memory(
             MemoryPlan(num_weight_params(cfg) * weight_elem, kv_bytes), config.memory_guard_mib, config.is_pooled
         )
         self.model = load.build(self.max_context, progress)
-        self.kv = KVStorage(
-            pool.num_total, pool.chunk_size, cfg.num_kv_heads, cfg.head_dim, config.kv_dtype, self.model.layer_devices
-        )
-        self.runner = ModelRunner(self.model, self.kv)
+        self.ring: KVRing | None = None
+        if config.kv_resident is None:
+            self.kv = KVStorage(pool.num_total, pool.chunk_size, cfg.num_kv_heads, cfg.head_dim, config.kv_dtype,
+                                self.model.layer_devices)
+        else:  # the pool in host memory, a ring of pages on each layer's device in front of it
+            accelerated = any(d.type != "cpu" for d in self.model.layer_devices)
+            self.kv = KVStorage(pool.num_total, pool.chunk_size, cfg.num_kv_heads, cfg.head_dim, config.kv_dtype,
+                                [torch.device("cpu")] * cfg.num_layers, pin_memory=accelerated)
+            self.ring = KVRing(self.kv, config.ring_sizing, config.kv_evict, config.ring_budget,
+                               self.model.layer_devices)
+        self.runner = ModelRunner(self.model, self.kv, self.ring)
         self.scheduler = Scheduler(self.layout, config.num_lanes, self.max_context, config.prefill_chunk,
                                    config.prefill_alone)
         self.stop_token_ids = frozenset(cfg.eos_token_ids) | frozenset(self.tokenizer.eos_token_ids)
@@ -116,7 +128,7 @@ class Engine:
             IncrementalDetokenizer(self.tokenizer, params.stop),
             stop_ids,
         )
-        self.scheduler.add(request_id, prompt_ids)
+        self.scheduler.add(request_id, prompt_ids, params.max_tokens)
         return request_id
 
     def abort(self, request_id: str) -> RequestOutput | None:

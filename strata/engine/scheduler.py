@@ -48,14 +48,16 @@ class Scheduler(Restores):
         self.prefill_chunk = prefill_chunk
         self.prefill_alone = prefill_alone
         self.counters = PoolCounters()
-        self.waiting: deque[tuple[str, list[int]]] = deque()
+        self.waiting: deque[tuple[str, list[int], int]] = deque()  # (request id, prompt, target cells)
         self.seqs: dict[str, Sequence] = {}
         self._num_admitted = 0
 
     # ---- requests in and out -------------------------------------------------------
-    def add(self, request_id: str, prompt_ids: list[int]) -> None:
+    def add(self, request_id: str, prompt_ids: list[int], max_new: int | None = None) -> None:
+        """Queue a request; `max_new` (None: up to --max-context) sizes its ring, if any."""
         assert 0 < len(prompt_ids) < self.max_context, "the engine validates prompt length"
-        self.waiting.append((request_id, list(prompt_ids)))
+        target = self.max_context if max_new is None else min(self.max_context, len(prompt_ids) + max_new)
+        self.waiting.append((request_id, list(prompt_ids), target))
 
     def commit(self, plan: StepPlan, output: StepOutput) -> dict[str, bool]:
         """The runner executed `plan`: its cells are written and `output` sampled. Returns,
@@ -139,7 +141,7 @@ class Scheduler(Restores):
         # the room a running lane needs this step and end it (DESIGN.md: pool full order).
         truncated = self._grow_decoding()
         while self.waiting:
-            request_id, prompt_ids = self.waiting[0]
+            request_id, prompt_ids, target_cells = self.waiting[0]
             plan = plan_admission(prompt_ids, self.lanes, self.cache, self.layout)
             if plan is None:
                 break  # every lane is busy: wait
@@ -148,12 +150,13 @@ class Scheduler(Restores):
                 self.counters.num_refusals += 1
                 refused.append(Refusal(request_id, plan.num_chunks_needed, plan.num_chunks_free))
                 continue
-            admission_copies = self._admit(request_id, prompt_ids, plan)
+            admission_copies = self._admit(request_id, prompt_ids, plan, target_cells)
             copies += admission_copies
             admitted.append(Admission(request_id, plan.lane, plan.num_cached, bool(admission_copies)))
         return StepPlan(tuple(copies), build_work(self.seqs.values(), self.prefill_chunk, self.prefill_alone), tuple(admitted), tuple(refused), truncated)
 
-    def _admit(self, request_id: str, prompt_ids: list[int], plan: AdmissionPlan) -> list[CellCopy]:
+    def _admit(self, request_id: str, prompt_ids: list[int], plan: AdmissionPlan,
+               target_cells: int = 0) -> list[CellCopy]:
         self._evict(plan.victims)
         lane = self.lanes[plan.lane]
         source = plan.source
@@ -184,7 +187,7 @@ class Scheduler(Restores):
         lane.conv = conv
         self._num_admitted += 1
         seq = Sequence(request_id, prompt_ids, self._num_admitted, lane.index, conv, plan.num_cached,
-                       is_extension=plan.reuse is Reuse.EXTEND)
+                       is_extension=plan.reuse is Reuse.EXTEND, target_cells=target_cells)
         lane.seq = seq
         self.seqs[request_id] = seq
         self.counters.num_cached_tokens += plan.num_cached

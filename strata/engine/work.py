@@ -38,7 +38,8 @@ def build_work(seqs: Iterable[Sequence], prefill_chunk: int, prefill_alone: int 
             tokens, do_sample = (seq.pending,), True
         else:
             continue
-        work.append(LaneWork(seq.lane, seq.request_id, tokens, start, tuple(conv.table.chunk_ids), do_sample))
+        work.append(LaneWork(seq.lane, seq.request_id, tokens, start, tuple(conv.table.chunk_ids), do_sample,
+                             seq.target_cells))
     return tuple(work)
 
 

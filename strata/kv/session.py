@@ -178,6 +178,7 @@ class SessionReader:
                 for dst_layer, src_layer in zip(parts, views):
                     for dst, src in zip(dst_layer, src_layer):
                         dst[:, flat : flat + length].copy_(src[:, offset : offset + length])
+                storage.cells_written(flat, length)
 
 
 def check_compatible(header: SessionHeader, path: str, fingerprint: str, geometry: KVGeometry) -> None:

@@ -11,7 +11,7 @@ float16 scale per (head, cell), both with cells on dim 1, both copied by a cell 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -39,6 +39,7 @@ class KVStorage:
         head_dim: int,
         kv_dtype: str,
         layer_devices: Sequence[torch.device],
+        pin_memory: bool = False,
     ):
         self.num_chunks = num_chunks
         self.chunk_size = chunk_size
@@ -53,6 +54,12 @@ class KVStorage:
         else:
             self.k = [torch.zeros(shape, dtype=self.dtype, device=d) for d in self.layer_devices]
             self.v = [torch.zeros(shape, dtype=self.dtype, device=d) for d in self.layer_devices]
+        if pin_memory:  # host K/V in front of an accelerator's ring: copies can be non-blocking
+            self.k = [_pinned(t) for t in self.k]
+            self.v = [_pinned(t) for t in self.v]
+        # Called with (flat cell, cells) after a write that does not go through attention
+        # (cell copies, session restores): the ring drops its device copies of those cells.
+        self.write_listeners: list[Callable[[int, int], None]] = []
         self.bytes_per_cell = kv_bytes_per_cell(kv_dtype, len(self.layer_devices), num_kv_heads, head_dim)
 
     @property
@@ -63,6 +70,15 @@ class KVStorage:
     def num_bytes(self) -> int:
         return self.bytes_per_cell * self.num_chunks * self.chunk_size
 
+    def layer_caches(self, i: int):
+        """Layer i's K and V as attention reads and writes them (the ring's step has the same method)."""
+        return self.k[i], self.v[i]
+
+    def cells_written(self, flat_cell: int, num_cells: int) -> None:
+        """Cells [flat_cell, flat_cell + num_cells) were written other than by attention."""
+        for listener in self.write_listeners:
+            listener(flat_cell, num_cells)
+
     def copy_cells(self, copies: Sequence[CellCopy]) -> int:
         """Runs `copies` in every layer; returns the number of bytes copied."""
         if not copies:
@@ -71,6 +87,7 @@ class KVStorage:
         for src, dst, n in self._runs(copies):
             for t in tensors:  # K and V (and their int8 scales) of every layer: cells on dim 1
                 t[:, dst : dst + n].copy_(t[:, src : src + n])
+            self.cells_written(dst, n)
         return sum(cp.num_cells for cp in copies) * self.bytes_per_cell
 
     def _runs(self, copies: Sequence[CellCopy]) -> list[tuple[int, int, int]]:
@@ -85,3 +102,9 @@ class KVStorage:
                 runs.append([src, dst, cp.num_cells])
         assert all(s + n <= d or d + n <= s for s, d, n in runs), "a copy overlaps its source"
         return [tuple(r) for r in runs]
+
+
+def _pinned(t: torch.Tensor | Int8Cells) -> torch.Tensor | Int8Cells:
+    if isinstance(t, Int8Cells):
+        return Int8Cells(t.data.pin_memory(), t.scale.pin_memory())
+    return t.pin_memory()

@@ -67,7 +67,7 @@ def attend_written(q: torch.Tensor, k_cache: Cache, v_cache: Cache, meta: Attent
 
 def _write(cache: Cache, index: torch.Tensor, x: torch.Tensor) -> None:
     """x [kv_heads, len(index), head_dim] into flat cells `index` (quantised for int8)."""
-    if isinstance(cache, Int8Cells):
-        cache.write(index, x)
-    else:
+    if isinstance(cache, torch.Tensor):
         cache.index_copy_(1, index, x.to(cache.dtype))
+    else:  # Int8Cells quantise; RingCells write the device copy and the pool's
+        cache.write(index, x)

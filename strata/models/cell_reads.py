@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from strata.kv.quant import Int8Cells, strided
 
-Cache = torch.Tensor | Int8Cells
+Cache = torch.Tensor | Int8Cells  # or RingCells (kv/ring_cells.py): the same read(cells, dtype) and shape
 
 
 def _moved(obj, device: torch.device):
@@ -42,9 +42,9 @@ def _moved(obj, device: torch.device):
 
 def read(cache: Cache, cells: slice | torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """[kv_heads, cells, head_dim] in `dtype`: a view of a slice where the dtypes agree, else a copy."""
-    if isinstance(cache, Int8Cells):
-        return cache.read(cells, dtype)
-    return cache[:, cells].to(dtype)
+    if isinstance(cache, torch.Tensor):
+        return cache[:, cells].to(dtype)
+    return cache.read(cells, dtype)  # Int8Cells, or RingCells (kv/ring_cells.py)
 
 
 def _grouped(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
@@ -126,6 +126,19 @@ class DecodeGather:
         return _moved(self, device)
 
 
+def _attention_and_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None):
+    """q [1, kvh, rows, dim], k/v [1, kvh, cells, dim] -> (out [1, kvh, rows, dim], lse [1, kvh, rows]).
+    CPU: the flash kernel SDPA itself uses; elsewhere the same sums written out in float32."""
+    if q.device.type == "cpu":
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=bias)[:2]
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * q.shape[-1] ** -0.5
+    if bias is not None:
+        scores = scores + bias.float()
+    lse = torch.logsumexp(scores, dim=-1)
+    probs = torch.exp(scores - lse.unsqueeze(-1)).nan_to_num_(0.0)  # a row that sees nothing: zeros
+    return torch.matmul(probs, v.float()).to(q.dtype), lse
+
+
 def attend_runs(
     q: torch.Tensor,  # [rows, heads, dim]: one lane's new tokens
     k_cache: Cache,
@@ -149,7 +162,7 @@ def attend_runs(
         if mask is not None:
             mask = mask.repeat(group, 1)  # [group * rows, run cells]
             bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
-        o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qg, k, v, attn_mask=bias)[:2]
+        o, lse = _attention_and_lse(qg, k, v, bias)
         if mask is not None:  # a row that sees none of the run: the kernel says lse 0, it is -inf
             lse = lse.masked_fill(~mask.any(-1), float("-inf"))
         outs.append(o.float())  # [1, kvh, group * rows, dim]

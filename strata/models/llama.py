@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 import torch
 import torch.nn.functional as F
 
+from strata.kv.ring import RingStep
 from strata.kv.storage import KVStorage
 from strata.models.attention import AttentionMeta, attend, attend_written
 from strata.models.config import ModelConfig
@@ -131,10 +132,11 @@ class LlamaModel:
         input_ids: torch.Tensor,  # [tokens] on the first device
         positions: Mapping[torch.device, torch.Tensor],  # [tokens] per device
         metas: Mapping[torch.device, AttentionMeta],
-        kv: KVStorage,
+        kv: KVStorage | RingStep,
         logits_rows: torch.Tensor,  # [rows] which token rows need logits (on the last device)
     ) -> torch.Tensor:
-        """Returns float32 logits [rows, vocab]."""
+        """Returns float32 logits [rows, vocab]. `kv.layer_caches(i)` gives layer i's K and V:
+        the pool's own tensors, or the ring's view of them for this step (kv/ring.py)."""
         x = F.embedding(input_ids, self.embed)
         tables = {d: self.rotary[d].tables(positions[d]) for d in self.devices}
         for i, layer in enumerate(self.layers):
@@ -142,6 +144,6 @@ class LlamaModel:
             if x.device != dev:
                 x = x.to(dev, non_blocking=True)
             cos, sin = tables[dev]
-            x = layer(x, cos, sin, kv.k[i], kv.v[i], metas[dev], self.ops)
+            x = layer(x, cos, sin, *kv.layer_caches(i), metas[dev], self.ops)
         x = self.norm(x.index_select(0, logits_rows), self.ops)
         return self.lm_head(x).float()

@@ -8,7 +8,9 @@ import torch
 
 from strata.kv.storage import KVStorage
 from strata.models.llama import LlamaModel
-from strata.runner.inputs import build_inputs
+from strata.kv.ring import KVRing
+from strata.runner.inputs import StepInputs, build_inputs
+from strata.runner.ring_reads import ring_meta
 from strata.runner.reads import ChunkCells
 from strata.sampler import Sampler
 from strata.sampling import SamplingParams
@@ -16,9 +18,10 @@ from strata.step import Sampled, StepOutput, StepPlan
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, kv: KVStorage):
+    def __init__(self, model: LlamaModel, kv: KVStorage, ring: KVRing | None = None):
         self.model = model
         self.kv = kv
+        self.ring = ring  # --kv-resident: attention reads the pool through the ring
         self.sampler = Sampler()
         # Strided decode reads (overlapping K/V views) on CPU only: accelerator SDPA kernels
         # have mishandled unusual K/V strides, and none was lent to test them; they gather.
@@ -44,15 +47,7 @@ class ModelRunner:
         if not plan.work:
             return StepOutput(())
         inputs = build_inputs(plan.work, self.cells)
-        metas = {d: inputs.meta.to(d) for d in self.model.devices}
-        positions = {d: inputs.positions.to(d, non_blocking=True) for d in self.model.devices}
-        logits = self.model.forward(
-            inputs.input_ids.to(self.first_device, non_blocking=True),
-            positions,
-            metas,
-            self.kv,
-            inputs.logits_rows.to(self.last_device, non_blocking=True),
-        )
+        logits = self._forward(inputs, inputs.logits_rows)
         ids = [w.request_id for w in inputs.sample_work]
         sampled: tuple[Sampled, ...] = ()
         if ids:
@@ -64,9 +59,28 @@ class ModelRunner:
     def logits_for(self, work: Sequence) -> torch.Tensor:
         """Float32 logits for every token row of `work` (tests compare them with transformers)."""
         inputs = build_inputs(work, self.cells)
-        rows = torch.arange(inputs.input_ids.numel())
-        metas = {d: inputs.meta.to(d) for d in self.model.devices}
-        positions = {d: inputs.positions.to(d) for d in self.model.devices}
-        return self.model.forward(
-            inputs.input_ids.to(self.first_device), positions, metas, self.kv, rows.to(self.last_device)
-        )
+        return self._forward(inputs, torch.arange(inputs.input_ids.numel()))
+
+    def _forward(self, inputs: StepInputs, logits_rows: torch.Tensor) -> torch.Tensor:
+        """The model over `inputs`, reading K/V from the pool or through the ring."""
+        kv, meta, step = self.kv, inputs.meta, None
+        if self.ring is not None:
+            step = self.ring.prepare(inputs.work, inputs.meta.write_index)
+            kv, meta = step, ring_meta(inputs.work, self.ring, step.pages)
+        metas = {d: meta.to(d) for d in self.model.devices}
+        positions = {d: inputs.positions.to(d, non_blocking=True) for d in self.model.devices}
+        try:
+            logits = self.model.forward(
+                inputs.input_ids.to(self.first_device, non_blocking=True),
+                positions,
+                metas,
+                kv,
+                logits_rows.to(self.last_device, non_blocking=True),
+            )
+        except BaseException:
+            if step is not None:
+                self.ring.abort(step)
+            raise
+        if step is not None:
+            step.finish()
+        return logits

@@ -143,7 +143,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert self.s.abort(request_id) is True
         self.reqs[request_id].state = "aborted"
         assert request_id not in self.s.seqs
-        assert request_id not in [r for r, _ in self.s.waiting]
+        assert request_id not in [r for r, *_ in self.s.waiting]
         assert self.s.abort(request_id) is False
 
     @rule(data=st.data())
@@ -254,7 +254,7 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     def one_step(self, rng: random.Random, finish_rate: float, fail_rate: float = 0.0) -> None:
         s = self.s
-        waiting_before = [r for r, _ in s.waiting]
+        waiting_before = [r for r, *_ in s.waiting]
         counters_before = (s.counters.num_evictions, s.counters.num_refusals, s.counters.num_truncations)
 
         # what the head of the queue can reuse, before anything changes
@@ -271,7 +271,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         done = {a.request_id for a in plan.admitted} | {r.request_id for r in plan.refused}
         k = len(done)
         assert set(waiting_before[:k]) == done
-        assert [r for r, _ in s.waiting] == waiting_before[k:]
+        assert [r for r, *_ in s.waiting] == waiting_before[k:]
         if s.waiting:  # the head waits only while every lane is busy
             assert all(lane.is_busy for lane in s.lanes)
         for a in plan.admitted:
@@ -428,7 +428,7 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     def teardown(self):
         s = self.s
-        for request_id in [r for r, _ in s.waiting] + list(s.seqs):
+        for request_id in [r for r, *_ in s.waiting] + list(s.seqs):
             assert s.abort(request_id)
         assert not s.has_work
         s.clear_cache()

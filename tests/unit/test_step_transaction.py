@@ -49,7 +49,7 @@ def test_a_failed_step_ends_its_requests_and_nothing_else():
     assert [a.request_id for a in p.admitted] == ["a", "b"]
     assert s.fail(p) == ("a", "b")
     s.check()
-    assert not s.seqs and [r for r, _ in s.waiting] == ["w"]
+    assert not s.seqs and [r for r, *_ in s.waiting] == ["w"]
     assert tables(s) == before_tables and free_list(s) == before_free
     assert s.counters.num_failed_steps == 1
 
@@ -67,7 +67,7 @@ def test_a_failed_decode_step_ends_the_decoding_lanes_not_the_waiting_one():
     assert [w.request_id for w in p.work] == ["a"]
     assert s.fail(p) == ("a",)
     assert refcounts(s) == [0] * 8  # a was a new conversation: all of it goes back
-    assert [r for r, _ in s.waiting] == ["w"]
+    assert [r for r, *_ in s.waiting] == ["w"]
     p = d.step()
     assert p.admitted == (Admission("w", 0, 0),)
 
