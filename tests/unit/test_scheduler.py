@@ -103,7 +103,7 @@ def test_admission_order_and_prefill_pieces(kind):
     p = d.step()
     assert p.admitted == (Admission("a", 0, 0), Admission("b", 1, 0))
     assert p.refused == () and p.truncated == () and p.copies == ()
-    assert [x for x, _ in s.waiting] == ["c"]  # no lane left: it waits
+    assert [x for x, *_ in s.waiting] == ["c"]  # no lane left: it waits
     # the oldest prefill takes the whole budget of 6 tokens; b gets nothing yet
     assert p.work == (LaneWork(0, "a", (1, 2, 3, 4, 5, 6), 0, A, False),)
 
@@ -818,7 +818,7 @@ def test_abort_waiting_and_running():
     s.add("a", list(range(1, 10)))
     s.add("b", [5, 5])
     d.step()
-    assert [x for x, _ in s.waiting] == ["b"]
+    assert [x for x, *_ in s.waiting] == ["b"]
     assert s.abort("b") is True
     assert not s.waiting
     assert s.abort("b") is False

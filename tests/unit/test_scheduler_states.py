@@ -407,7 +407,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         s = self.s
         running = set(self.running())
         assert set(s.seqs) == running
-        assert {r for r, _ in s.waiting} == {r for r, q in self.reqs.items() if q.state == "waiting"}
+        assert {r for r, *_ in s.waiting} == {r for r, q in self.reqs.items() if q.state == "waiting"}
         active = {id(seq.conv) for seq in s.seqs.values()}
         assert {id(c) for c in s.cache if c.is_active} == active
         assert len(active) == len(s.seqs)  # no conversation serves two requests
