@@ -155,6 +155,14 @@ class Health(BaseModel):
     status: Literal["ok"]
 
 
+class SlotRing(BaseModel):
+    ring_cells: int = Field(..., description="cells per layer this lane keeps on the device (--kv-resident)")
+    resident_pages: int = Field(..., description="pages of its conversation resident after the last step")
+    pages_read: int
+    pages_streamed: int = Field(..., description="pages copied from the pool (staged or admitted)")
+    hit_ratio: float = Field(..., description="pages read in place / pages read")
+
+
 class Slot(BaseModel):
     id: int
     state: Literal["empty", "idle", "prefilling", "decoding"]
@@ -165,6 +173,7 @@ class Slot(BaseModel):
     request_id: str | None = None
     prompt_tokens: int | None = None
     output_tokens: int | None = None
+    ring: SlotRing | None = Field(None, description="with --kv-resident: the lane's ring, for its last request")
 
 
 class ErrorBody(BaseModel):

@@ -150,6 +150,7 @@ async def slots(request: Request) -> JSONResponse:
             request_id=lane.request_id,
             prompt_tokens=lane.num_prompt_tokens,
             output_tokens=lane.num_output_tokens,
+            ring=lane.ring,
         ).model_dump()
         for lane in snap.lanes
     ]

@@ -25,6 +25,7 @@ class LaneView:
     num_prompt_tokens: int | None
     num_output_tokens: int | None
     num_chunks_shared: int = 0  # of its chunks, those another conversation holds too (a shared prefix)
+    ring: dict | None = None  # --kv-resident: the lane's ring (KVRing.lane_stats), for its last request
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class EngineSnapshot:
     retry_after: int  # the engine's current hint, in seconds
     max_context: int
     bytes_per_cell: int  # K and V of one position across all layers
+    ring: dict | None = None  # --kv-resident: the ring's counters (KVRing.stats)
 
     @property
     def usage_ratio(self) -> float:
@@ -68,6 +70,7 @@ def take_snapshot(engine: Engine) -> EngineSnapshot:
                 num_prompt_tokens=len(seq.prompt_ids) if seq is not None else None,
                 num_output_tokens=seq.num_output if seq is not None else None,
                 num_chunks_shared=stats.shared_chunks_per_lane[lane.index] if stats.shared_chunks_per_lane else 0,
+                ring=engine.ring.lane_stats(lane.index) if engine.ring is not None else None,
             )
         )
     return EngineSnapshot(
@@ -80,4 +83,5 @@ def take_snapshot(engine: Engine) -> EngineSnapshot:
         retry_after=engine.retry_after(),
         max_context=engine.max_context,
         bytes_per_cell=engine.kv.bytes_per_cell,
+        ring=engine.ring.stats() if engine.ring is not None else None,
     )
