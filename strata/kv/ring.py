@@ -174,7 +174,10 @@ class KVRing:
         admit = merge_runs([(p * self.page, s * self.page) for p, s in plan.admitted], self.page)
         stage = merge_runs([(p * self.page, i * self.page) for i, p in enumerate(plan.streamed)], self.page)
         self._ensure_staging(len(plan.streamed) * self.page)
-        return RingStep(self, PageMap(start, arena_cells), admit, stage, host_write_index, plan)
+        where = PageMap(start, arena_cells)
+        writes = [start[p[pos // self.page]] + pos % self.page
+                  for w, p in zip(work, (r.pages for r in reads)) for pos in range(w.start, w.num_cells)]
+        return RingStep(self, where, admit, stage, host_write_index, torch.tensor(writes, dtype=torch.long), plan)
 
     def _count(self, work: Sequence[LaneWork], reads: Sequence[LaneReads], plan: ResidencyPlan) -> None:
         c = self.counters
@@ -248,12 +251,18 @@ class RingStep:
     """One step's copies and addressing; `layer_caches(i)` makes layer i's K/V readable."""
 
     def __init__(self, ring: KVRing, pages: PageMap, admit: list, stage: list, host_write_index: torch.Tensor,
-                 plan: ResidencyPlan):
+                 write_index: torch.Tensor, plan: ResidencyPlan):
         self.ring = ring
         self.pages = pages
         self.admit = admit  # (pool cell, arena cell, cells)
         self.stage = stage  # (pool cell, staging cell, cells)
         self.host_write_index = host_write_index  # [tokens] on the host
+        self.write_index = write_index  # [tokens] virtual cells (kv/ring_cells.py), on the host
+        in_arena = write_index < pages.num_arena_cells
+        # (rows, cells) written in the arena, and in staging (cells from its start), per device
+        split = (in_arena.nonzero().view(-1), write_index[in_arena],
+                 (~in_arena).nonzero().view(-1), write_index[~in_arena] - pages.num_arena_cells)
+        self._writes = {d: tuple(t.to(d, non_blocking=True) for t in split) for d in ring.devices}
         self.plan = plan
         self.writeback: list | None = [] if ring.is_accelerated else None
         self._ready: dict[int, object] = {}  # layer -> the copy stream's event (accelerators)
@@ -279,9 +288,9 @@ class RingStep:
         else:
             self._issue(i, non_blocking=False)
         k_stage, v_stage = self._buffer(i)
-        index = self.host_write_index
-        return (RingCells(r.arena_k[i], k_stage, r.host.k[i], index, self.writeback),
-                RingCells(r.arena_v[i], v_stage, r.host.v[i], index, self.writeback))
+        index, writes = self.host_write_index, self._writes[dev]
+        return (RingCells(r.arena_k[i], k_stage, r.host.k[i], index, writes, self.writeback),
+                RingCells(r.arena_v[i], v_stage, r.host.v[i], index, writes, self.writeback))
 
     def _cuda_copies(self, i: int, dev: torch.device) -> None:
         """Layer i's copies were issued on the side stream while layer i-1 ran (or are issued now);

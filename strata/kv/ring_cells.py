@@ -36,12 +36,14 @@ class RingCells:
         staging: Tensor | Int8Cells,  # [kv_heads, >= S, head_dim] the device's staging buffer
         host: Tensor | Int8Cells,  # [kv_heads, pool cells, head_dim] this layer's pool storage
         host_index: Tensor,  # [tokens] the pool cell of each new token (on the host)
+        writes: tuple[Tensor, Tensor, Tensor, Tensor],  # rows and cells in the arena, rows and cells in staging
         writeback: list | None,  # None: write the host now; else (host, index, x on host) for finish()
     ):
         self.arena = arena
         self.staging = staging
         self.host = host
         self.host_index = host_index
+        self.writes = writes
         self.writeback = writeback
         self.num_arena_cells = arena.shape[1]
 
@@ -61,15 +63,15 @@ class RingCells:
         return _read(self.staging, slice(cells.start - a, cells.stop - a), dtype)
 
     def write(self, index: Tensor, x: Tensor) -> None:
-        """x [kv_heads, len(index), head_dim] into virtual cells `index` and its pool cells."""
-        a = self.num_arena_cells
-        in_arena = index < a
-        if bool(in_arena.all()):
-            _write(self.arena, index, x)
+        """x [kv_heads, len(index), head_dim] into virtual cells `index` (split by the step
+        beforehand into `writes`, so no device sync here) and into its pool cells."""
+        arena_rows, arena_cells, staged_rows, staged_cells = self.writes
+        if arena_rows.numel() == x.shape[1]:
+            _write(self.arena, arena_cells, x)
         else:
-            _write(self.arena, index[in_arena], x[:, in_arena])
-            staged = ~in_arena
-            _write(self.staging, index[staged] - a, x[:, staged])
+            if arena_rows.numel():
+                _write(self.arena, arena_cells, x.index_select(1, arena_rows))
+            _write(self.staging, staged_cells, x.index_select(1, staged_rows))
         if self.writeback is None:
             _write(self.host, self.host_index, x)
         else:  # an accelerator: the host copy is written once the step's forward is done

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
-
-from strata.kv.ring import KVRing, PageMap
+from strata.kv.ring import PageMap, RingStep
 from strata.models.attention import AttentionMeta
 from strata.models.cell_reads import DecodeContiguous, DecodeRuns, PrefillContiguous, PrefillRuns
 from strata.runner.reads import split_for_rows
@@ -34,17 +32,15 @@ def lane_runs(pages: Sequence[int], num_cells: int, page: int, where: PageMap) -
     return tuple(slice(a, b) for a, b in runs)
 
 
-def ring_meta(work: Sequence[LaneWork], ring: KVRing, where: PageMap) -> AttentionMeta:
-    """`work` in row order (decoding lanes first, then prefill pieces), as build_inputs orders it."""
+def ring_meta(work: Sequence[LaneWork], step: RingStep) -> AttentionMeta:
+    """`work` in row order (decoding lanes first, then prefill pieces), as build_inputs orders
+    it; the step's virtual write index already follows that order."""
+    ring, where = step.ring, step.pages
     page = ring.page
-    writes: list[int] = []
     decode, prefills = [], []
     row = 0
     for w in work:
-        pages = ring.lane_pages(w)
-        for pos in range(w.start, w.num_cells):
-            writes.append(where.start[pages[pos // page]] + pos % page)
-        runs = lane_runs(pages, w.num_cells, page, where)
+        runs = lane_runs(ring.lane_pages(w), w.num_cells, page, where)
         n = len(w.token_ids)
         if n == 1:
             decode.append(DecodeContiguous(row, runs[0]) if len(runs) == 1 else DecodeRuns(row, runs))
@@ -53,4 +49,4 @@ def ring_meta(work: Sequence[LaneWork], ring: KVRing, where: PageMap) -> Attenti
         else:
             prefills.append(PrefillRuns(row, row + n, *split_for_rows(runs, w.num_cells, n)))
         row += n
-    return AttentionMeta(torch.tensor(writes, dtype=torch.long), tuple(decode), tuple(prefills))
+    return AttentionMeta(step.write_index, tuple(decode), tuple(prefills))

@@ -66,7 +66,7 @@ class ModelRunner:
         kv, meta, step = self.kv, inputs.meta, None
         if self.ring is not None:
             step = self.ring.prepare(inputs.work, inputs.meta.write_index)
-            kv, meta = step, ring_meta(inputs.work, self.ring, step.pages)
+            kv, meta = step, ring_meta(inputs.work, step)
         metas = {d: meta.to(d) for d in self.model.devices}
         positions = {d: inputs.positions.to(d, non_blocking=True) for d in self.model.devices}
         try:

@@ -171,3 +171,22 @@ def test_default_model_long_prompt_through_a_small_ring(gguf_path):
         if ring:
             assert engine.ring.stats()["pages_streamed"] > 0
     assert out[True] == out[False] and len(out[True]) > 0
+
+
+@pytest.mark.parametrize(("pooled", "admitted"), [(True, 1), (False, 4)])
+def test_a_move_keeps_the_ring_when_pooled_and_refills_it_when_reserved(tiny_llama_dir, pooled, admitted):
+    """A 40-token conversation (47 cells: pages 0-2) moves to another lane, then a follow-up
+    takes it to 60 cells (page 3). Pooled, the move hands the chunk table over: its pages stay
+    resident and only page 3 is admitted. Reserved, the move copies the K/V into the other
+    lane's chunks: those are new pages to the ring, so all 4 are admitted."""
+    pool = {"kv_pool_tokens": 3 * 11 * 16} if pooled else {}
+    engine = Engine(EngineConfig(model=tiny_llama_dir, dtype="float32", max_context=MAX_CONTEXT, kv_chunk=16,
+                                 batch=2, kv_resident=MAX_CONTEXT, kv_page=PAGE, kv_ring_adapt=False,
+                                 devices=(DEVICE,), **pool), progress=False)
+    first = list(range(900, 940))
+    (out,) = run(engine, [first])
+    lane = next(ln.index for ln in engine.scheduler.lanes if ln.conv is not None)
+    engine.move(lane, (lane + 1) % 3)
+    before = engine.ring.counters.pages_admitted
+    run(engine, [first + out + list(range(60, 65))])
+    assert engine.ring.counters.pages_admitted - before == admitted
