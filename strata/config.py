@@ -20,6 +20,8 @@ DEFAULT_KV_CHUNK = 4096
 DEFAULT_PREFILL_CHUNK = 256
 DEFAULT_MEMORY_GUARD_MIB = 512
 WEIGHT_FORMATS = ("auto", "dense", "native")
+SPEC_MODES = ("ngram", "draft", "off")
+DEFAULT_SPEC_K = 4
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,9 @@ class EngineConfig:
     kv_ring_default: int = DEFAULT_RING
     kv_ring_budget: int | None = None  # device cells per layer for every ring together (None: lanes x cap)
     kv_ring_adapt: bool | None = None  # None: from STRATA_KV_RING_ADAPT
+    spec: str = "off"  # speculative decoding: "ngram" (prompt lookup), "draft" (--draft-model), "off"
+    spec_k: int = DEFAULT_SPEC_K  # drafts a lane proposes a step, at most (adaptive below it)
+    draft_model: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.devices, str):  # "cpu,cpu" as typed on the command line
@@ -124,6 +129,12 @@ def validate(cfg: EngineConfig) -> None:
         if not isinstance(dev, str) or not (dev == "cpu" or dev.startswith("cuda") or dev == "mps"):
             raise ConfigError(f"--devices: unknown device {dev!r} (use cpu, cuda or cuda:N)")
     _validate_ring(cfg)
+    _choice(cfg.spec, "--spec", SPEC_MODES)
+    _positive_int(cfg.spec_k, "--spec-k")
+    if cfg.spec == "draft" and cfg.draft_model is None:
+        raise ConfigError("--spec draft needs --draft-model PATH (a smaller model with the same tokenizer)")
+    if cfg.draft_model is not None and cfg.spec != "draft":
+        raise ConfigError("--draft-model is used only with --spec draft")
     if cfg.kv_pool_tokens is not None:
         _positive_int(cfg.kv_pool_tokens, "--kv-pool-tokens")
         if cfg.max_context is not None:

@@ -12,7 +12,9 @@ from strata.config import (
     DEFAULT_KV_CHUNK,
     DEFAULT_MEMORY_GUARD_MIB,
     DEFAULT_PREFILL_CHUNK,
+    DEFAULT_SPEC_K,
     DTYPES,
+    SPEC_MODES,
     KV_DTYPES,
     WEIGHT_FORMATS,
     EngineConfig,
@@ -43,6 +45,10 @@ def add_engine_args(
                    help="the ring a shallow run keeps with STRATA_KV_RING_ADAPT=1")
     g.add_argument("--kv-ring-budget", type=int, default=None,
                    help="device cells per layer for all lanes' rings together (default: lanes x --kv-resident)")
+    g.add_argument("--spec", choices=SPEC_MODES, default="off",
+                   help="speculative decoding: ngram (prompt lookup drafts, verified in one step), draft (--draft-model), off")
+    g.add_argument("--spec-k", type=int, default=DEFAULT_SPEC_K, help="drafts a lane proposes a step, at most")
+    g.add_argument("--draft-model", default=None, help="with --spec draft: a smaller model with the same tokenizer")
     g.add_argument("--prefill-chunk", type=int, default=default_prefill_chunk, help="prompt tokens read per step")
     g.add_argument("--prefill-alone", type=int, default=default_prefill_alone,
                    help="prompt tokens read per step when no lane is decoding (default: --prefill-chunk)")
@@ -59,4 +65,5 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         prefill_chunk=args.prefill_chunk, prefill_alone=args.prefill_alone, devices=args.devices, threads=args.threads,
         memory_guard_mib=args.memory_guard_mib, kv_resident=args.kv_resident, kv_page=args.kv_page,
         kv_evict=args.kv_evict, kv_ring_default=args.kv_ring_default, kv_ring_budget=args.kv_ring_budget,
+        spec=args.spec, spec_k=args.spec_k, draft_model=args.draft_model,
     )

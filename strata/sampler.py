@@ -68,6 +68,18 @@ def make_generator(seed: int | None, device: torch.device | str) -> torch.Genera
     return generator
 
 
+def draw(weights: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
+    """One token per row of `weights` [n, vocab] (unnormalised, some > 0) by inverse CDF, from
+    one uniform of the row's generator; returns [n] token ids."""
+    cdf = weights.cumsum(dim=-1)  # [n, vocab], non-decreasing
+    total = cdf[:, -1:]  # [n, 1], > 0
+    uniforms = [torch.rand(1, generator=g, device=weights.device) for g in generators]
+    uniform = torch.cat(uniforms)[:, None]  # [n, 1] in [0, 1)
+    # Strictly below total, so the first cdf entry above it exists and has weight > 0.
+    target = torch.minimum(uniform * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, target, right=True)[:, 0]  # [n]
+
+
 class Sampler:
     def __init__(self, top_p_candidates: int = DEFAULT_TOP_P_CANDIDATES):
         if top_p_candidates < 1:
@@ -113,7 +125,7 @@ class Sampler:
                 rows_logits, [params[i] for i in sampled], [generators[i] for i in sampled]
             )
         token_list: list[int] = token_ids.tolist()
-        return SampleOutput(token_list, self._logprobs(logits, params, token_ids, token_list))
+        return SampleOutput(token_list, self.logprobs_of(logits, params, token_ids, token_list))
 
     def _draw(
         self,
@@ -122,6 +134,11 @@ class Sampler:
         generators: list[torch.Generator | None],
     ) -> torch.Tensor:
         """`logits`: [n, vocab] float32 of sampled rows; returns [n] token ids."""
+        return draw(self.filtered_weights(logits, params), generators)
+
+    def filtered_weights(self, logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+        """[n, vocab] float32: each row's unnormalised probabilities after temperature, top-k,
+        top-p and min-p (1 at the row's most likely token, 0 where filtered)."""
         device = logits.device
         temperatures = torch.tensor([p.temperature for p in params], device=device)  # [n]
         scaled = logits / temperatures[:, None]  # [n, vocab]
@@ -141,14 +158,7 @@ class Sampler:
         if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
             top = self._top_k_top_p_threshold(scaled, row_max, weights, params)
             threshold = torch.maximum(threshold, top)
-        weights = weights.masked_fill_(scaled < threshold, 0.0)  # 0 where filtered
-        cdf = weights.cumsum(dim=-1)  # [n, vocab], non-decreasing
-        total = cdf[:, -1:]  # [n, 1], >= 1
-        uniforms = [torch.rand(1, generator=g, device=device) for g in generators]
-        uniform = torch.cat(uniforms)[:, None]  # [n, 1] in [0, 1)
-        # Strictly below total, so the first cdf entry above it exists and has weight > 0.
-        target = torch.minimum(uniform * total, torch.nextafter(total, torch.zeros_like(total)))
-        return torch.searchsorted(cdf, target, right=True)[:, 0]  # [n]
+        return weights.masked_fill_(scaled < threshold, 0.0)  # 0 where filtered
 
     def _top_k_top_p_threshold(
         self,
@@ -200,7 +210,7 @@ class Sampler:
         return torch.maximum(k_threshold, p_threshold)
 
     @staticmethod
-    def _logprobs(
+    def logprobs_of(
         logits: torch.Tensor,
         params: list[SamplingParams],
         token_ids: torch.Tensor,

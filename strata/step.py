@@ -28,6 +28,8 @@ class LaneWork:
     do_sample: bool  # the last token's logits give the lane's next token
     # prompt + the most new tokens its request may take (sizes a ring; 0: unknown); a hint, not identity
     target_cells: int = field(default=0, compare=False)
+    # A decoding lane's draft tokens (token_ids[1:]), verified in this step: every row samples
+    num_drafts: int = 0
 
     @property
     def num_cells(self) -> int:
@@ -80,7 +82,16 @@ class Sampled:
 
 
 @dataclass(frozen=True)
+class DraftOutcome:
+    request_id: str
+    num_drafted: int
+    num_accepted: int  # the first num_accepted drafts were kept
+
+
+@dataclass(frozen=True)
 class StepOutput:
-    """What the runner computed: one sampled token per lane whose work samples."""
+    """What the runner computed: one sampled token per lane whose work samples, or, for a
+    lane that verified drafts, its kept drafts and one more token, in order."""
 
     sampled: tuple[Sampled, ...] = ()
+    drafts: tuple[DraftOutcome, ...] = ()

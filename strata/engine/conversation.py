@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from typing import TYPE_CHECKING
+
 from strata.kv.table import ChunkTable
+
+if TYPE_CHECKING:
+    from strata.engine.spec.drafts import LaneSpec
 
 
 @dataclass(eq=False)
@@ -51,6 +56,7 @@ class Sequence:
     pending: int | None = None  # the last sampled token; its K/V is computed next step
     num_output: int = 0
     target_cells: int = 0  # prompt + the most new tokens it may take (0: unknown)
+    spec: LaneSpec | None = None  # --spec: its n-gram index, adaptive k and planned drafts
 
     @property
     def num_prompt_left(self) -> int:

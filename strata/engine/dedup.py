@@ -34,7 +34,7 @@ def adopt_identical_chunks(
         if seq is None:
             continue
         table = seq.conv.table
-        for i in range(w.start // c, w.num_cells // c):  # chunks this step filled up
+        for i in range(w.start // c, table.num_cells // c):  # chunks this step filled up (kept drafts only)
             other = cache.other_holder(seq.conv, (i + 1) * c)
             if other is None:
                 break  # nobody shares this chunk's tokens, so nobody shares the next one's either

@@ -96,7 +96,7 @@ class Engine:
                                self.model.layer_devices)
         self.runner = ModelRunner(self.model, self.kv, self.ring)
         self.scheduler = Scheduler(self.layout, config.num_lanes, self.max_context, config.prefill_chunk,
-                                   config.prefill_alone)
+                                   config.prefill_alone, spec_k=config.spec_k if config.spec == "ngram" else 0)
         self.stop_token_ids = frozenset(cfg.eos_token_ids) | frozenset(self.tokenizer.eos_token_ids)
         self.requests: dict[str, RequestState] = {}
         self._ids = itertools.count()
@@ -128,6 +128,8 @@ class Engine:
             IncrementalDetokenizer(self.tokenizer, params.stop),
             stop_ids,
         )
+        if self.scheduler.drafts is not None:
+            self.requests[request_id].num_drafted = 0
         self.scheduler.add(request_id, prompt_ids, params.max_tokens)
         return request_id
 
@@ -164,9 +166,15 @@ class Engine:
 
     def _commit(self, plan: StepPlan, result: StepOutput) -> list[RequestOutput]:
         can_continue = self.scheduler.commit(plan, result)
+        for d in result.drafts:
+            state = self.requests[d.request_id]
+            state.num_drafted += d.num_drafted
+            state.num_accepted += d.num_accepted
         outputs = []
-        for s in result.sampled:
-            state = self.requests[s.request_id]
+        for s in result.sampled:  # a lane that verified drafts: its kept drafts, then one more token
+            state = self.requests.get(s.request_id)
+            if state is None:  # it finished at an earlier token of this step
+                continue
             out = state.on_token(s.token_id, s.logprobs, can_continue[s.request_id])
             if out.finished:
                 self.scheduler.finish(s.request_id)

@@ -22,6 +22,8 @@ class Timings:
     prompt_ms: float
     predicted_n: int
     predicted_ms: float
+    draft_n: int | None = None  # with --spec: drafts proposed for the request
+    draft_n_accepted: int | None = None  # ... and kept
 
     @property
     def prompt_per_second(self) -> float:
@@ -40,7 +42,7 @@ class Timings:
             "predicted_n": self.predicted_n,
             "predicted_ms": round(self.predicted_ms, 3),
             "predicted_per_second": round(self.predicted_per_second, 3),
-        }
+        } | ({} if self.draft_n is None else {"draft_n": self.draft_n, "draft_n_accepted": self.draft_n_accepted})
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,8 @@ class RequestState:
     num_cached: int = 0
     output_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
+    num_drafted: int | None = None  # with --spec: drafts proposed (None: drafting is off)
+    num_accepted: int = 0
 
     def on_token(self, token_id: int, logprobs: TokenLogprobs | None, can_continue: bool) -> RequestOutput:
         """Adds a sampled token; decides whether the request is finished."""
@@ -142,4 +146,6 @@ class RequestState:
             prompt_ms=(first - admitted) * 1e3,
             predicted_n=len(self.output_ids),
             predicted_ms=(now - first) * 1e3,
+            draft_n=self.num_drafted,
+            draft_n_accepted=None if self.num_drafted is None else self.num_accepted,
         )

@@ -31,6 +31,7 @@ from strata.engine.conversation import Conversation, Lane, Sequence
 from strata.engine.dedup import adopt_identical_chunks
 from strata.engine.invariants import check_invariants
 from strata.engine.restore import Restores
+from strata.engine.spec.drafts import DraftPlanner
 from strata.engine.stats import PoolCounters, PoolStats, pool_stats
 from strata.engine.work import build_work, commit_work
 from strata.kv.layout import KVLayout
@@ -40,7 +41,7 @@ from strata.step import Admission, Refusal, StepOutput, StepPlan
 
 class Scheduler(Restores):
     def __init__(self, layout: KVLayout, num_lanes: int, max_context: int, prefill_chunk: int,
-                 prefill_alone: int | None = None):
+                 prefill_alone: int | None = None, spec_k: int = 0):
         self.layout = layout
         self.lanes = [Lane(i) for i in range(num_lanes)]
         self.cache = ConversationCache()
@@ -48,6 +49,8 @@ class Scheduler(Restores):
         self.prefill_chunk = prefill_chunk
         self.prefill_alone = prefill_alone
         self.counters = PoolCounters()
+        # --spec ngram: decoding lanes propose up to spec_k drafts a step (engine/spec/)
+        self.drafts = DraftPlanner(spec_k, layout, max_context) if spec_k else None
         self.waiting: deque[tuple[str, list[int], int]] = deque()  # (request id, prompt, target cells)
         self.seqs: dict[str, Sequence] = {}
         self._num_admitted = 0
@@ -62,8 +65,11 @@ class Scheduler(Restores):
     def commit(self, plan: StepPlan, output: StepOutput) -> dict[str, bool]:
         """The runner executed `plan`: its cells are written and `output` sampled. Returns,
         per sampled request, whether its token can be fed (False: the context is full)."""
-        commit_work(self.seqs, plan.work, self.cache)
+        accepted = {o.request_id: o.num_accepted for o in output.drafts}
+        commit_work(self.seqs, plan.work, self.cache, accepted, self.layout)
         self.counters.num_chunks_adopted += adopt_identical_chunks(self.seqs, plan.work, self.cache, self.layout)
+        if self.drafts is not None:
+            self.drafts.record(self.seqs, output.drafts, plan.work)
         can_continue = {}
         for s in output.sampled:
             seq = self.seqs[s.request_id]
@@ -153,7 +159,10 @@ class Scheduler(Restores):
             admission_copies = self._admit(request_id, prompt_ids, plan, target_cells)
             copies += admission_copies
             admitted.append(Admission(request_id, plan.lane, plan.num_cached, bool(admission_copies)))
-        return StepPlan(tuple(copies), build_work(self.seqs.values(), self.prefill_chunk, self.prefill_alone), tuple(admitted), tuple(refused), truncated)
+        if self.drafts is not None:  # optional work: after admissions, from free chunks only
+            self.drafts.plan(self.seqs.values())
+        work = build_work(self.seqs.values(), self.prefill_chunk, self.prefill_alone)
+        return StepPlan(tuple(copies), work, tuple(admitted), tuple(refused), truncated)
 
     def _admit(self, request_id: str, prompt_ids: list[int], plan: AdmissionPlan,
                target_cells: int = 0) -> list[CellCopy]:

@@ -12,6 +12,8 @@ from collections.abc import Iterable, Mapping
 
 from strata.engine.cache import ConversationCache
 from strata.engine.conversation import Sequence
+from strata.engine.spec.drafts import commit_drafts
+from strata.kv.layout import KVLayout
 from strata.step import LaneWork
 
 
@@ -34,24 +36,31 @@ def build_work(seqs: Iterable[Sequence], prefill_chunk: int, prefill_alone: int 
             budget -= n
             tokens = tuple(seq.prompt_ids[start : start + n])
             do_sample = start + n == len(seq.prompt_ids)
-        elif seq.pending is not None:
-            tokens, do_sample = (seq.pending,), True
+        elif seq.pending is not None:  # and the drafts planned for this step, if any
+            drafts = seq.spec.drafts if seq.spec is not None else ()
+            tokens, do_sample = (seq.pending, *drafts), True
         else:
             continue
+        num_drafts = 0 if seq.is_prefilling else len(tokens) - 1
         work.append(LaneWork(seq.lane, seq.request_id, tokens, start, tuple(conv.table.chunk_ids), do_sample,
-                             seq.target_cells))
+                             seq.target_cells, num_drafts))
     return tuple(work)
 
 
-def commit_work(seqs: Mapping[str, Sequence], work: Iterable[LaneWork], cache: ConversationCache) -> None:
+def commit_work(seqs: Mapping[str, Sequence], work: Iterable[LaneWork], cache: ConversationCache,
+                accepted: Mapping[str, int] | None = None, layout: KVLayout | None = None) -> None:
     """The runner wrote `work`'s cells: each conversation now holds them (and its tokens,
-    recorded through the cache so that its prefix index follows)."""
+    recorded through the cache so that its prefix index follows); a lane that verified
+    drafts holds its fed token and the `accepted` drafts only."""
     for w in work:
         seq = seqs[w.request_id]
         conv = seq.conv
         assert conv.num_cells == w.start, (w.request_id, conv.num_cells, w.start)
         if not seq.is_prefilling:
-            assert w.token_ids == (seq.pending,), (w.request_id, w.token_ids, seq.pending)
+            assert w.token_ids[0] == seq.pending, (w.request_id, w.token_ids, seq.pending)
             seq.pending = None  # fed: its K/V is written
+            if w.num_drafts:
+                commit_drafts(seq, w, accepted[w.request_id], cache, layout)
+                continue
         cache.extend(conv, w.token_ids)
         conv.table.num_cells = w.num_cells

@@ -28,7 +28,7 @@ class StepInputs:
     input_ids: torch.Tensor  # [tokens]
     positions: torch.Tensor  # [tokens]
     meta: AttentionMeta
-    logits_rows: torch.Tensor  # [samples] the last row of each lane that samples
+    logits_rows: torch.Tensor  # [samples] the last row of each lane that samples (1 + drafts rows when it has drafts)
     sample_work: tuple[LaneWork, ...]  # the lanes behind logits_rows, in order
 
 
@@ -128,8 +128,8 @@ def build_inputs(work: Sequence[LaneWork], cells: ChunkCells) -> StepInputs:
     row = 0
     for w in ordered:
         row += len(w.token_ids)
-        if w.do_sample:
-            sample_rows.append(row - 1)
+        if w.do_sample:  # the last row; a lane verifying drafts: every row (pending token, drafts)
+            sample_rows.extend(range(row - 1 - w.num_drafts, row))
             sample_work.append(w)
     meta = AttentionMeta(torch.tensor(writes, dtype=torch.long), decode_groups, tuple(prefills))
     return StepInputs(

@@ -14,7 +14,8 @@ from strata.runner.ring_reads import ring_meta
 from strata.runner.reads import ChunkCells
 from strata.sampler import Sampler
 from strata.sampling import SamplingParams
-from strata.step import Sampled, StepOutput, StepPlan
+from strata.step import DraftOutcome, LaneWork, Sampled, StepOutput, StepPlan
+from strata.verify import verify
 
 
 class ModelRunner:
@@ -48,12 +49,29 @@ class ModelRunner:
             return StepOutput(())
         inputs = build_inputs(plan.work, self.cells)
         logits = self._forward(inputs, inputs.logits_rows)
-        ids = [w.request_id for w in inputs.sample_work]
-        sampled: tuple[Sampled, ...] = ()
-        if ids:
-            out = self.sampler.sample(logits, [params[i] for i in ids], [generators[i] for i in ids])
-            sampled = tuple(Sampled(i, t, lp) for i, t, lp in zip(ids, out.token_ids, out.logprobs))
-        return StepOutput(sampled)
+        return self._sample(logits, inputs.sample_work, params, generators)
+
+    def _sample(self, logits: torch.Tensor, work: Sequence[LaneWork], params: Mapping[str, SamplingParams],
+                generators: Mapping[str, torch.Generator | None]) -> StepOutput:
+        """logits [rows, vocab]: per lane of `work` in order, one row, or 1 + drafts rows to verify."""
+        plain, drafted, row = [], [], 0
+        for w in work:
+            (drafted if w.num_drafts else plain).append((w, row))
+            row += 1 + w.num_drafts
+        sampled: list[Sampled] = []
+        if plain:
+            ids = [w.request_id for w, _ in plain]
+            rows = logits if len(plain) == len(work) else logits[torch.tensor([r for _, r in plain])]
+            out = self.sampler.sample(rows, [params[i] for i in ids], [generators[i] for i in ids])
+            sampled += [Sampled(i, t, lp) for i, t, lp in zip(ids, out.token_ids, out.logprobs)]
+        outcomes = []
+        for w, r in drafted:
+            rid = w.request_id
+            v = verify(self.sampler, logits[r : r + 1 + w.num_drafts].float(), w.token_ids[1:], params[rid],
+                       generators[rid])
+            sampled += [Sampled(rid, t, lp) for t, lp in zip(v.token_ids, v.logprobs)]
+            outcomes.append(DraftOutcome(rid, w.num_drafts, v.num_accepted))
+        return StepOutput(tuple(sampled), tuple(outcomes))
 
     @torch.inference_mode()
     def logits_for(self, work: Sequence) -> torch.Tensor:

@@ -38,6 +38,9 @@ class Timings(BaseModel):
     predicted_n: int
     predicted_ms: float
     predicted_per_second: float
+    # with --spec: drafts proposed and kept for this request (llama.cpp's names)
+    draft_n: int | None = Field(None, exclude_if=_absent_if_none)
+    draft_n_accepted: int | None = Field(None, exclude_if=_absent_if_none)
 
 
 class TopLogprob(BaseModel):

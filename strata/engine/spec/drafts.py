@@ -1,0 +1,105 @@
+"""Plans each decoding lane's drafts for a step, and records what the verify step kept.
+
+Drafts are optional work: they are planned after the step's admissions, take room only
+from free chunks (never evicting a parked conversation), and never carry a request past
+its `max_tokens` or `--max-context`. A rejected draft's cells are given back at commit
+through the chunk table (`commit_drafts`), so nothing else ever sees them. No torch here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from strata.engine.cache import ConversationCache
+from strata.engine.conversation import Sequence
+from strata.engine.spec.adaptive import AdaptiveK
+from strata.engine.spec.ngram import NgramIndex
+from strata.kv.layout import KVLayout
+from strata.step import DraftOutcome, LaneWork
+
+
+@dataclass
+class SpecCounters:
+    num_steps: int = 0  # verify steps (a lane with drafts)
+    num_drafted: int = 0
+    num_accepted: int = 0
+
+
+@dataclass
+class LaneSpec:
+    """A sequence's drafting state: the n-gram index of its tokens and its adaptive k."""
+
+    index: NgramIndex
+    k: AdaptiveK
+    drafts: tuple[int, ...] = ()  # planned for the step being run
+    counters: SpecCounters = field(default_factory=SpecCounters)
+
+
+class DraftPlanner:
+    def __init__(self, max_k: int, layout: KVLayout, max_context: int):
+        assert max_k >= 1
+        self.max_k = max_k
+        self.layout = layout
+        self.max_context = max_context
+        self.counters = SpecCounters()
+
+    def state(self, seq: Sequence) -> LaneSpec:
+        if seq.spec is None:
+            seq.spec = LaneSpec(NgramIndex(), AdaptiveK(self.max_k))
+        return seq.spec
+
+    def plan(self, seqs: Iterable[Sequence]) -> None:
+        """Sets the drafts of every decoding sequence (oldest first) and grows its table for them."""
+        pool = self.layout.pool
+        for seq in sorted(seqs, key=lambda s: s.order):
+            if seq.is_prefilling or seq.pending is None:
+                continue
+            spec = self.state(seq)
+            spec.drafts = ()
+            conv = seq.conv
+            k = min(spec.k.k(), self.max_context - conv.num_cells - 1)
+            if seq.target_cells:
+                k = min(k, seq.target_cells - conv.num_cells - 2)  # the last token it may emit is its own
+            if k <= 0:
+                continue
+            index = spec.index
+            if len(index) > conv.num_cells:  # the conversation was cut back (a branch)
+                index.truncate(conv.num_cells)
+            index.extend(conv.token_ids[len(index) :])
+            drafts = index.propose(k, seq.pending)  # the pending token is not the conversation's yet
+            if not drafts:
+                continue
+            while drafts and self.layout.num_chunks_to_grow(conv.table, conv.num_cells + 1 + len(drafts)) > pool.num_free:
+                drafts = drafts[:-1]
+            if drafts:
+                self.layout.grow(conv.table, conv.num_cells + 1 + len(drafts))
+                spec.drafts = tuple(drafts)
+
+    def record(self, seqs: Mapping[str, Sequence], outcomes: Iterable[DraftOutcome], work: Iterable[LaneWork]) -> None:
+        """The verify step's outcomes, into each lane's adaptive k and the counters."""
+        by_id = {o.request_id: o for o in outcomes}
+        for w in work:
+            seq = seqs.get(w.request_id)
+            if seq is None or seq.spec is None or len(w.token_ids) != 1 + w.num_drafts or seq.is_prefilling:
+                continue
+            o = by_id.get(w.request_id)
+            drafted, accepted = (o.num_drafted, o.num_accepted) if o is not None else (0, 0)
+            seq.spec.k.record(drafted, accepted)
+            seq.spec.drafts = ()
+            if drafted:
+                for c in (seq.spec.counters, self.counters):
+                    c.num_steps += 1
+                    c.num_drafted += drafted
+                    c.num_accepted += accepted
+
+
+def commit_drafts(seq: Sequence, w: LaneWork, num_accepted: int, cache: ConversationCache, layout: KVLayout) -> None:
+    """The conversation keeps the fed token and the kept drafts; the rest of the table's room
+    past its cells goes back to the pool (whole chunks)."""
+    conv = seq.conv
+    kept = w.token_ids[: 1 + num_accepted]
+    cache.extend(conv, kept)
+    conv.table.num_cells = w.start + len(kept)
+    copies = layout.truncate(conv.table, conv.table.num_cells)
+    assert not copies, "a lane's tail chunk is private: giving back rejected cells copies nothing"
