@@ -67,7 +67,7 @@ class HeldArm:
         sizing = self.engine.config.ring_sizing
         self.state = {"conversation": conversation, "prompt": prompt, "out": [], "step_s": [], "log": [],
                       "expected_ring": sizing.ring_cells(len(prompt), new + 1) if sizing else None,
-                      "rid": self.engine.add_request(prompt, params), "t0": time.perf_counter(), "at": None,
+                      "rid": self.engine.add_request(prompt, params), "at": None,
                       "submitted": _counters(self.engine)}
 
     @property
@@ -91,7 +91,7 @@ class HeldArm:
         if decoding:
             st["step_s"].append(dt)
         elif st["out"]:  # the turn is prefilled: its first token is out, decode steps follow
-            st["ttft_s"] = time.perf_counter() - st["t0"]
+            st["turn_step_s"] = dt  # the step that prefilled the turn (and admitted pages)
             st["at"] = _counters(self.engine)
 
     def end_round(self) -> dict:
@@ -105,7 +105,7 @@ class HeldArm:
         stats = e.ring.stats() if e.ring is not None else None
         return {
             "conversation": st["conversation"], "context_cells": len(st["prompt"]), "decode_steps": n,
-            "step_s": st["step_s"], "ttft_s": st["ttft_s"], "out": st["out"],
+            "step_s": st["step_s"], "turn_step_s": st["turn_step_s"], "out": st["out"],
             "bytes_per_token": (b1 - b0) / n if n else 0.0,
             "pages_per_token": (p1 - p0) / n if n else 0.0,
             "turn_bytes": b1 - st["submitted"][0],  # the turn's prefill step (admissions) and its decode

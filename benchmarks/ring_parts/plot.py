@@ -6,7 +6,7 @@ from __future__ import annotations
 MIB = 1 << 20
 
 
-def _bars(ax, groups: list[str], series: dict[str, list[float]], ylabel: str, title: str) -> None:
+def _bars(ax, groups: list[str], series: dict[str, list[float]], ylabel: str, title: str, ncol: int = 1) -> None:
     width = 0.8 / max(1, len(series))
     for i, (name, ys) in enumerate(series.items()):
         xs = [g + (i - (len(series) - 1) / 2) * width for g in range(len(groups))]
@@ -14,7 +14,7 @@ def _bars(ax, groups: list[str], series: dict[str, list[float]], ylabel: str, ti
     ax.set_xticks(range(len(groups)), groups)
     ax.set(ylabel=ylabel, title=title)
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, ncol=ncol, loc="upper center")
 
 
 def plot(tiers: dict[str, dict], cells: dict[str, int], pages: dict | None, title: str, path: str) -> None:
@@ -29,8 +29,10 @@ def plot(tiers: dict[str, dict], cells: dict[str, int], pages: dict | None, titl
     arms = list(next(iter(tiers.values()))["arms"])
     pairs = list(next(iter(tiers.values()))["ratios"])
     _bars(axes[0], groups, {p: [s["ratios"][p] for s in tiers.values()] for p in pairs},
-          "decode tok/s ratio (median of per-round pairs)", "decode speed, arms interleaved")
+          "decode tok/s ratio (median of per-round pairs)", "decode speed, arms interleaved", ncol=3)
     axes[0].axhline(1.0, color="black", linewidth=0.8)
+    top = max(s["ratios"][p] for s in tiers.values() for p in pairs)
+    axes[0].set_ylim(0, top * 1.3)  # room for the legend above the bars
     _bars(axes[1], groups, {a: [s["arms"][a]["bytes_per_token"] / MIB for s in tiers.values()] for a in arms},
           "MiB copied into the ring per decoded token", "bytes streamed per token")
     if pages:
