@@ -6,9 +6,11 @@
 #   benchmarks/ring_cuda.sh [RESULTS_DIR] [ring.py arguments...]
 #
 # RESULTS_DIR (default benchmarks/results) receives ring.json, ring.png, ring_cuda.txt (the
-# benchmark's output) and ring_cuda_tests.txt. The default is the seed's sizes (--scale 1:
-# tiers 1K / 32K / 128K, default ring 32768, cap 49152, 256 new tokens, 5 rounds); later
-# arguments override it. Exit status: non-zero when the tests or the benchmark failed.
+# benchmark's output), ring_cuda_tests.txt and ring_cuda_gpu.txt. The default is the seed's
+# sizes (--scale 1: tiers 1K / 32K / 128K, default ring 32768, cap 49152; about 17 GiB of host
+# memory for the four arms' pools) with 128 new tokens x 5 rounds; later arguments override it
+# (the seed's 256 tokens: --new 256; a short check: --new 32 --rounds 3 --pages '' ).
+# Exit status: non-zero when the tests or the benchmark failed.
 set -uo pipefail
 
 out="${1:-benchmarks/results}"
@@ -23,7 +25,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > 
 STRATA_TEST_DEVICES=cuda "$py" -m pytest -q tests -k ring 2>&1 | tee "$out/ring_cuda_tests.txt"
 tests=${PIPESTATUS[0]}
 
-PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$py" benchmarks/ring.py --device cuda --scale 1 --new 256 \
+PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$py" benchmarks/ring.py --device cuda --scale 1 --new 128 \
     --rounds 5 --threads 4 --out "$out" "$@" 2>&1 | tee "$out/ring_cuda.txt"
 bench=${PIPESTATUS[0]}
 
