@@ -10,8 +10,8 @@
 # sizes (--scale 1: tiers 1K / 32K / 128K, default ring 32768, cap 49152; about 17 GiB of host
 # memory for the four arms' pools) with 128 new tokens x 5 rounds; later arguments override it
 # (the seed's 256 tokens: --new 256; a short check: --new 32 --rounds 3 --pages '' ).
-# RING_TESTS overrides the pytest selection (default `-k ring`, which also picks names that
-# merely contain "ring": sharing, string). Exit status: non-zero when the tests or the benchmark failed.
+# RING_TESTS overrides the pytest selection (default: the ring's test files). Exit status:
+# non-zero when the tests or the benchmark failed.
 set -uo pipefail
 
 repo="$(cd "$(dirname "$0")/.." && pwd)"
@@ -25,7 +25,7 @@ mkdir -p "$out"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$out/ring_cuda_gpu.txt" 2>&1
 
 # shellcheck disable=SC2086  # RING_TESTS is a list of pytest arguments
-STRATA_TEST_DEVICES=cuda "$py" -m pytest -q tests ${RING_TESTS:--k ring} 2>&1 | tee "$out/ring_cuda_tests.txt"
+STRATA_TEST_DEVICES=cuda "$py" -m pytest -q ${RING_TESTS:-tests/model/test_ring_layouts.py tests/unit/test_residency.py tests/unit/test_ring_rule.py} 2>&1 | tee "$out/ring_cuda_tests.txt"
 tests=${PIPESTATUS[0]}
 
 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$py" benchmarks/ring.py --device cuda --scale 1 --new 128 \
