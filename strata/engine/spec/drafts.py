@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from strata.engine.cache import ConversationCache
 from strata.engine.conversation import Sequence
@@ -28,25 +29,45 @@ class SpecCounters:
 
 @dataclass
 class LaneSpec:
-    """A sequence's drafting state: the n-gram index of its tokens and its adaptive k."""
+    """A sequence's drafting state: its adaptive k, the drafter's own state, the step's drafts."""
 
-    index: NgramIndex
     k: AdaptiveK
+    index: NgramIndex | None = None  # the n-gram drafter's index of the conversation's tokens
     drafts: tuple[int, ...] = ()  # planned for the step being run
     counters: SpecCounters = field(default_factory=SpecCounters)
 
 
+class Drafter(Protocol):
+    def propose(self, seq: Sequence, k: int) -> list[int]:
+        """Up to `k` tokens to follow `seq`'s conversation and its pending token."""
+
+
+class NgramDrafter:
+    """Prompt lookup (engine/spec/ngram.py) over the conversation: prompt and output."""
+
+    def propose(self, seq: Sequence, k: int) -> list[int]:
+        conv = seq.conv
+        if seq.spec.index is None:
+            seq.spec.index = NgramIndex()
+        index = seq.spec.index
+        if len(index) > conv.num_cells:  # the conversation was cut back (a branch)
+            index.truncate(conv.num_cells)
+        index.extend(conv.token_ids[len(index) :])
+        return index.propose(k, seq.pending)  # the pending token is not the conversation's yet
+
+
 class DraftPlanner:
-    def __init__(self, max_k: int, layout: KVLayout, max_context: int):
+    def __init__(self, max_k: int, layout: KVLayout, max_context: int, drafter: Drafter | None = None):
         assert max_k >= 1
         self.max_k = max_k
         self.layout = layout
         self.max_context = max_context
+        self.drafter = drafter if drafter is not None else NgramDrafter()
         self.counters = SpecCounters()
 
     def state(self, seq: Sequence) -> LaneSpec:
         if seq.spec is None:
-            seq.spec = LaneSpec(NgramIndex(), AdaptiveK(self.max_k))
+            seq.spec = LaneSpec(AdaptiveK(self.max_k))
         return seq.spec
 
     def plan(self, seqs: Iterable[Sequence]) -> None:
@@ -63,11 +84,7 @@ class DraftPlanner:
                 k = min(k, seq.target_cells - conv.num_cells - 2)  # the last token it may emit is its own
             if k <= 0:
                 continue
-            index = spec.index
-            if len(index) > conv.num_cells:  # the conversation was cut back (a branch)
-                index.truncate(conv.num_cells)
-            index.extend(conv.token_ids[len(index) :])
-            drafts = index.propose(k, seq.pending)  # the pending token is not the conversation's yet
+            drafts = self.drafter.propose(seq, k)[:k]
             if not drafts:
                 continue
             while drafts and self.layout.num_chunks_to_grow(conv.table, conv.num_cells + 1 + len(drafts)) > pool.num_free:
