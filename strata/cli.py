@@ -86,6 +86,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
         "decode_tok_s": round(t.predicted_per_second, 2), "kv_bytes_held": kv_held,
         "load_s": round(load_s, 3), "timings": t.as_dict(),
     }
+    spec = None
+    if engine.scheduler.drafts is not None:
+        c = engine.scheduler.drafts.counters
+        spec = {"drafted": c.num_drafted, "accepted": c.num_accepted, "verify_steps": c.num_steps}
+        result["spec"] = spec
     ring = None
     if engine.ring is not None:
         ring = {**engine.ring.stats(), **(engine.ring.lane_stats(0) or {})}
@@ -97,7 +102,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(
             f"[prompt {num_prompt} tok | TTFT {t.prompt_ms:.0f} ms | prefill {t.prompt_per_second:.1f} tok/s | "
             f"decode {t.predicted_per_second:.1f} tok/s ({len(tokens)} tok) | K/V held {kv_held / MIB:.1f} MiB | "
-            + (_ring_summary(ring) if ring else "") + f"{final.finish_reason}]",
+            + (_ring_summary(ring) if ring else "") + (_spec_summary(spec) if spec else "")
+            + f"{final.finish_reason}]",
             file=sys.stderr,
         )
     return 0
@@ -106,6 +112,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def _ring_summary(ring: dict) -> str:
     return (f"ring {ring['ring_cells']} cells, {ring['resident_pages']} pages resident, "
             f"{ring['bytes_streamed_per_token'] / MIB:.2f} MiB streamed/tok, hit {ring['hit_ratio']:.0%} | ")
+
+
+def _spec_summary(spec: dict) -> str:
+    rate = spec["accepted"] / spec["drafted"] if spec["drafted"] else 0.0
+    return f"drafts {spec['accepted']}/{spec['drafted']} kept ({rate:.0%}) | "
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from strata.server.ring_metrics import ring_metrics
+from strata.server.kv_metrics import ring_metrics, spec_metrics
 from strata.server.snapshot import EngineSnapshot
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -124,6 +124,7 @@ class PoolCollector(Collector):
             value=snap.num_queued,
         )
         yield from ring_metrics(snap)
+        yield from spec_metrics(snap)
 
 
 class ServerMetrics:

@@ -166,6 +166,13 @@ class SlotRing(BaseModel):
     hit_ratio: float = Field(..., description="pages read in place / pages read")
 
 
+class SlotSpec(BaseModel):
+    drafted: int = Field(..., description="draft tokens proposed for the running request")
+    accepted: int = Field(..., description="... and kept by its verify steps")
+    acceptance: float
+    k: int = Field(..., description="drafts the lane proposes next step (adaptive, 0: none)")
+
+
 class Slot(BaseModel):
     id: int
     state: Literal["empty", "idle", "prefilling", "decoding"]
@@ -177,6 +184,7 @@ class Slot(BaseModel):
     prompt_tokens: int | None = None
     output_tokens: int | None = None
     ring: SlotRing | None = Field(None, description="with --kv-resident: the lane's ring, for its last request")
+    spec: SlotSpec | None = Field(None, description="with --spec: the running request's drafts")
 
 
 class ErrorBody(BaseModel):

@@ -151,6 +151,7 @@ async def slots(request: Request) -> JSONResponse:
             prompt_tokens=lane.num_prompt_tokens,
             output_tokens=lane.num_output_tokens,
             ring=lane.ring,
+            spec=lane.spec,
         ).model_dump()
         for lane in snap.lanes
     ]

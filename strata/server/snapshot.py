@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from strata.engine.engine import Engine
 from strata.engine.stats import PoolCounters
+from strata.engine.spec.drafts import SpecCounters
 from strata.engine.stats import PoolStats
 
 
@@ -26,6 +27,7 @@ class LaneView:
     num_output_tokens: int | None
     num_chunks_shared: int = 0  # of its chunks, those another conversation holds too (a shared prefix)
     ring: dict | None = None  # --kv-resident: the lane's ring (KVRing.lane_stats), for its last request
+    spec: dict | None = None  # --spec: the running request's drafts (drafted, accepted, acceptance, k)
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,7 @@ class EngineSnapshot:
     max_context: int
     bytes_per_cell: int  # K and V of one position across all layers
     ring: dict | None = None  # --kv-resident: the ring's counters (KVRing.stats)
+    spec: SpecCounters | None = None  # --spec: drafts over every request (a copy)
 
     @property
     def usage_ratio(self) -> float:
@@ -71,6 +74,7 @@ def take_snapshot(engine: Engine) -> EngineSnapshot:
                 num_output_tokens=seq.num_output if seq is not None else None,
                 num_chunks_shared=stats.shared_chunks_per_lane[lane.index] if stats.shared_chunks_per_lane else 0,
                 ring=engine.ring.lane_stats(lane.index) if engine.ring is not None else None,
+                spec=_lane_spec(seq),
             )
         )
     return EngineSnapshot(
@@ -84,4 +88,13 @@ def take_snapshot(engine: Engine) -> EngineSnapshot:
         max_context=engine.max_context,
         bytes_per_cell=engine.kv.bytes_per_cell,
         ring=engine.ring.stats() if engine.ring is not None else None,
+        spec=dataclasses.replace(scheduler.drafts.counters) if scheduler.drafts is not None else None,
     )
+
+
+def _lane_spec(seq) -> dict | None:
+    if seq is None or seq.spec is None:
+        return None
+    c = seq.spec.counters
+    return {"drafted": c.num_drafted, "accepted": c.num_accepted,
+            "acceptance": c.num_accepted / c.num_drafted if c.num_drafted else 0.0, "k": seq.spec.k.k()}

@@ -1,4 +1,5 @@
-"""Prometheus families for the resident K/V ring (`--kv-resident`), from an engine snapshot."""
+"""Prometheus families for the resident K/V ring (`--kv-resident`) and speculative decoding
+(`--spec`), from an engine snapshot."""
 
 from __future__ import annotations
 
@@ -41,3 +42,20 @@ def ring_metrics(snap: EngineSnapshot) -> Iterator[Metric]:
          "budget_fallbacks"),
     ):
         yield CounterMetricFamily(name, doc, value=ring[key])
+
+
+def spec_metrics(snap: EngineSnapshot) -> Iterator[Metric]:
+    spec = snap.spec
+    if spec is None:
+        return
+    yield CounterMetricFamily("strata_spec_verify_steps", "lane steps that verified drafts", value=spec.num_steps)
+    yield CounterMetricFamily("strata_spec_draft_tokens", "draft tokens proposed", value=spec.num_drafted)
+    yield CounterMetricFamily("strata_spec_accepted_tokens", "draft tokens kept", value=spec.num_accepted)
+    yield GaugeMetricFamily("strata_spec_acceptance_ratio", "draft tokens kept / proposed, since start",
+                            value=spec.num_accepted / spec.num_drafted if spec.num_drafted else 0.0)
+    lanes = GaugeMetricFamily("strata_spec_lane_acceptance_ratio", "the running request's kept / proposed drafts",
+                              labels=["lane"])
+    for lane in snap.lanes:
+        if lane.spec is not None:
+            lanes.add_metric([str(lane.index)], lane.spec["acceptance"])
+    yield lanes
