@@ -198,3 +198,11 @@ def test_memory_guard_refuses_when_the_plan_exceeds_memory():
     assert plan.total_bytes == 8492 * MIB
     with pytest.raises(ConfigError, match="would leave -7468 MiB of 1024 MiB available"):
         check_memory(plan, guard_mib=0, is_pooled=False, available=1024 * MIB)
+
+
+@pytest.mark.parametrize(("kwargs", "flag"), [({"spec": "medusa"}, "--spec"), ({"spec_k": 0}, "--spec-k"),
+                                              ({"spec": "draft"}, "--spec draft"),
+                                              ({"draft_model": "x.gguf"}, "--draft-model")])
+def test_spec_flags_are_checked(kwargs, flag):
+    with pytest.raises(ConfigError, match=flag):
+        EngineConfig(**kwargs)

@@ -98,10 +98,3 @@ def test_budget_defaults_to_every_lane_at_the_cap():
     assert EngineConfig(kv_resident=1000, kv_ring_budget=5000, kv_ring_adapt=False).ring_budget == 5000
     assert EngineConfig(kv_chunk=16).page == 16 and EngineConfig().page == 256
 
-
-@pytest.mark.parametrize(("kwargs", "flag"), [({"spec": "medusa"}, "--spec"), ({"spec_k": 0}, "--spec-k"),
-                                              ({"spec": "draft"}, "--spec draft"),
-                                              ({"draft_model": "x.gguf"}, "--draft-model")])
-def test_spec_flags_are_checked(kwargs, flag):
-    with pytest.raises(ConfigError, match=flag):
-        EngineConfig(**kwargs)
