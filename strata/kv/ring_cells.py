@@ -76,3 +76,17 @@ class RingCells:
             _write(self.host, self.host_index, x)
         else:  # an accelerator: the host copy is written once the step's forward is done
             self.writeback.append((self.host, self.host_index, x.to("cpu", non_blocking=True)))
+
+    def fused_write(self, ops, qkv: Tensor, cos: Tensor, sin: Tensor, v: RingCells, num_heads: int,
+                    num_kv_heads: int) -> Tensor | None:
+        """With the fused CPU ops (models/fused.py): rotate q and k of `qkv` [tokens, (heads + 2 *
+        kv_heads) * dim] and write k (into self) and v (into `v`) in one pass per copy, when every
+        new cell is in the arena and all are plain tensors of qkv's dtype; returns q, else None."""
+        arena_rows, arena_cells, _, _ = self.writes
+        plain = (self.arena, v.arena, self.host, v.host)
+        if (self.writeback is not None or arena_rows.numel() != qkv.shape[0]
+                or not all(isinstance(t, Tensor) and t.dtype == qkv.dtype for t in plain)):
+            return None
+        q = ops.rope_write(qkv, cos, sin, self.arena, v.arena, arena_cells, num_heads, num_kv_heads)
+        ops.rope_write(qkv, cos, sin, self.host, v.host, self.host_index, num_heads, num_kv_heads)  # the pool's copy
+        return q

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from strata.kv.ring import RingStep
+from strata.kv.ring_cells import RingCells
 from strata.kv.storage import KVStorage
 from strata.models.attention import AttentionMeta, attend, attend_written
 from strata.models.config import ModelConfig
@@ -62,12 +63,17 @@ class DecoderLayer:
     ) -> torch.Tensor:
         cfg = self.cfg
         qkv = self.qkv(self.input_norm(x, ops))
-        if (ops is not None and self.q_norm is None and isinstance(k_cache, torch.Tensor)
-                and k_cache.dtype == qkv.dtype and qkv.is_contiguous()):
+        q = None
+        if ops is not None and self.q_norm is None and qkv.is_contiguous():
             # One pass: q and k rotated, k and v written to their cells (no qk norm, K/V in
             # the compute dtype; `ops` is set only on the CPU).
-            q = ops.rope_write(qkv, cos.squeeze(1), sin.squeeze(1), k_cache, v_cache, meta.write_index,
-                               cfg.num_heads, cfg.num_kv_heads)
+            if isinstance(k_cache, torch.Tensor) and k_cache.dtype == qkv.dtype:
+                q = ops.rope_write(qkv, cos.squeeze(1), sin.squeeze(1), k_cache, v_cache, meta.write_index,
+                                   cfg.num_heads, cfg.num_kv_heads)
+            elif isinstance(k_cache, RingCells):
+                q = k_cache.fused_write(ops, qkv, cos.squeeze(1), sin.squeeze(1), v_cache, cfg.num_heads,
+                                        cfg.num_kv_heads)
+        if q is not None:
             a = attend_written(q, k_cache, v_cache, meta)
         else:
             a = attend(*self._rotated(qkv, cos, sin), k_cache, v_cache, meta)
