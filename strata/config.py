@@ -131,9 +131,10 @@ def validate(cfg: EngineConfig) -> None:
     _validate_ring(cfg)
     _choice(cfg.spec, "--spec", SPEC_MODES)
     _positive_int(cfg.spec_k, "--spec-k")
-    if cfg.spec == "draft" or cfg.draft_model is not None:  # named in the flags, not built: refused, never ignored
-        raise ConfigError("--spec draft / --draft-model: drafting with a draft model is not built yet; "
-                          "use --spec ngram (prompt lookup) or --spec off")
+    if cfg.spec == "draft" and cfg.draft_model is None:
+        raise ConfigError("--spec draft needs --draft-model PATH (a smaller model with the same tokenizer)")
+    if cfg.draft_model is not None and cfg.spec != "draft":
+        raise ConfigError("--draft-model is used only with --spec draft")
     if cfg.kv_pool_tokens is not None:
         _positive_int(cfg.kv_pool_tokens, "--kv-pool-tokens")
         if cfg.max_context is not None:

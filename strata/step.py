@@ -30,6 +30,12 @@ class LaneWork:
     target_cells: int = field(default=0, compare=False)
     # A decoding lane's draft tokens (token_ids[1:]), verified in this step: every row samples
     num_drafts: int = 0
+    # --spec draft: the draft model proposes up to draft_slots tokens in the runner (token_ids is
+    # then the pending token alone), first feeding it draft_feed (tokens from position
+    # draft_start to the pending token, whose draft-model K/V is not written yet)
+    draft_slots: int = 0
+    draft_feed: tuple[int, ...] = ()
+    draft_start: int = 0
 
     @property
     def num_cells(self) -> int:
@@ -86,6 +92,7 @@ class DraftOutcome:
     request_id: str
     num_drafted: int
     num_accepted: int  # the first num_accepted drafts were kept
+    tokens: tuple[int, ...] = ()  # the drafts, when the runner proposed them (--spec draft)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,9 @@ class Conversation:
     lane: int | None = None  # the lane it sits in; None when parked without a lane
     last_used: int = 0  # logical clock: the LRU order of the conversation cache
     is_active: bool = False  # a request is extending it now
+    # --spec draft: leading cells whose draft-model K/V is written (that model's layers of the
+    # same chunks); the drafter feeds the rest before it proposes
+    draft_cells: int = 0
 
     @property
     def num_cells(self) -> int:
@@ -39,6 +42,7 @@ class Conversation:
     def cut(self, num_cells: int) -> None:
         """Forget tokens and checkpoints past `num_cells` (the table was truncated)."""
         del self.token_ids[num_cells:]
+        self.draft_cells = min(self.draft_cells, num_cells)
         self.checkpoints = [c for c in self.checkpoints if c <= num_cells]
 
 

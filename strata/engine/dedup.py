@@ -41,4 +41,6 @@ def adopt_identical_chunks(
             if other.table.chunk_ids[i] != table.chunk_ids[i]:
                 tbl.adopt(table, pool, i, other.table.chunk_ids[i])
                 num_adopted += 1
+                if other.draft_cells < (i + 1) * c:  # the adopted chunk's draft-model K/V is not all written
+                    seq.conv.draft_cells = min(seq.conv.draft_cells, i * c)
     return num_adopted

@@ -34,6 +34,7 @@ from strata.loader import ModelSource
 from strata.loader.build import TORCH_DTYPES
 from strata.loader.model_load import ModelLoad
 from strata.models.config import ModelConfig
+from strata.runner.drafter import load_drafter
 from strata.runner.runner import ModelRunner
 from strata.sampler import make_generator
 from strata.sampling import SamplingParams
@@ -94,9 +95,14 @@ class Engine:
                                 [torch.device("cpu")] * cfg.num_layers, pin_memory=accelerated)
             self.ring = KVRing(self.kv, config.ring_sizing, config.kv_evict, config.ring_budget,
                                self.model.layer_devices)
-        self.runner = ModelRunner(self.model, self.kv, self.ring)
+        drafter = None
+        if config.spec == "draft":
+            drafter = load_drafter(config.draft_model, config.dtype, config.weights, config.devices, config.kv_dtype,
+                                   pool, cfg.vocab_size, self.max_context, progress)
+        self.runner = ModelRunner(self.model, self.kv, self.ring, drafter)
         self.scheduler = Scheduler(self.layout, config.num_lanes, self.max_context, config.prefill_chunk,
-                                   config.prefill_alone, spec_k=config.spec_k if config.spec == "ngram" else 0)
+                                   config.prefill_alone, spec_k=config.spec_k if config.spec != "off" else 0,
+                                   spec_by_model=config.spec == "draft")
         self.stop_token_ids = frozenset(cfg.eos_token_ids) | frozenset(self.tokenizer.eos_token_ids)
         self.requests: dict[str, RequestState] = {}
         self._ids = itertools.count()
@@ -219,7 +225,7 @@ class Engine:
     # ---- conversations between lanes -----------------------------------------------------
     def move(self, src_lane: int, dst_lane: int) -> int:
         """Move an idle conversation between lanes; returns the K/V bytes copied (0 when pooled)."""
-        return self.kv.copy_cells(self.scheduler.move(src_lane, dst_lane))
+        return self.runner.copy_cells(self.scheduler.move(src_lane, dst_lane))
 
     def restore(self, token_ids: Sequence[int], checkpoints: Sequence[int] = (), lane: int | None = None):
         """Hold a conversation of `token_ids` whose K/V the caller writes into its table next.
@@ -264,7 +270,7 @@ class Engine:
             plan = self.scheduler.schedule()
             if plan.refused:
                 raise PoolFullError(plan.refused[0].num_chunks_needed, plan.refused[0].num_chunks_free, 1)
-            self.kv.copy_cells(plan.copies)
+            self.runner.copy_cells(plan.copies)
             rows.append(self.runner.logits_for(plan.work))
             self.scheduler.commit(plan, StepOutput())
         self.scheduler.abort(request_id)

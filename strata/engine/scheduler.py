@@ -41,7 +41,7 @@ from strata.step import Admission, Refusal, StepOutput, StepPlan
 
 class Scheduler(Restores):
     def __init__(self, layout: KVLayout, num_lanes: int, max_context: int, prefill_chunk: int,
-                 prefill_alone: int | None = None, spec_k: int = 0):
+                 prefill_alone: int | None = None, spec_k: int = 0, spec_by_model: bool = False):
         self.layout = layout
         self.lanes = [Lane(i) for i in range(num_lanes)]
         self.cache = ConversationCache()
@@ -50,7 +50,7 @@ class Scheduler(Restores):
         self.prefill_alone = prefill_alone
         self.counters = PoolCounters()
         # --spec ngram: decoding lanes propose up to spec_k drafts a step (engine/spec/)
-        self.drafts = DraftPlanner(spec_k, layout, max_context) if spec_k else None
+        self.drafts = DraftPlanner(spec_k, layout, max_context, by_model=spec_by_model) if spec_k else None
         self.waiting: deque[tuple[str, list[int], int]] = deque()  # (request id, prompt, target cells)
         self.seqs: dict[str, Sequence] = {}
         self._num_admitted = 0
@@ -65,8 +65,8 @@ class Scheduler(Restores):
     def commit(self, plan: StepPlan, output: StepOutput) -> dict[str, bool]:
         """The runner executed `plan`: its cells are written and `output` sampled. Returns,
         per sampled request, whether its token can be fed (False: the context is full)."""
-        accepted = {o.request_id: o.num_accepted for o in output.drafts}
-        commit_work(self.seqs, plan.work, self.cache, accepted, self.layout)
+        outcomes = {o.request_id: o for o in output.drafts}
+        commit_work(self.seqs, plan.work, self.cache, outcomes, self.layout)
         self.counters.num_chunks_adopted += adopt_identical_chunks(self.seqs, plan.work, self.cache, self.layout)
         if self.drafts is not None:
             self.drafts.record(self.seqs, output.drafts, plan.work)
@@ -184,6 +184,7 @@ class Scheduler(Restores):
             copies += fork_copies
             conv = Conversation(self.cache.new_id(), table, source.token_ids[: plan.num_cached])
             conv.checkpoints = [c for c in source.checkpoints if c <= plan.num_cached]
+            conv.draft_cells = min(source.draft_cells, plan.num_cached)  # shared chunks carry it
             self.cache.add(conv)
         else:
             conv = Conversation(self.cache.new_id(), self.layout.new_table(lane.index))

@@ -14,7 +14,7 @@ from strata.engine.cache import ConversationCache
 from strata.engine.conversation import Sequence
 from strata.engine.spec.drafts import commit_drafts
 from strata.kv.layout import KVLayout
-from strata.step import LaneWork
+from strata.step import DraftOutcome, LaneWork
 
 
 def build_work(seqs: Iterable[Sequence], prefill_chunk: int, prefill_alone: int | None = None) -> tuple[LaneWork, ...]:
@@ -42,13 +42,15 @@ def build_work(seqs: Iterable[Sequence], prefill_chunk: int, prefill_alone: int 
         else:
             continue
         num_drafts = 0 if seq.is_prefilling else len(tokens) - 1
+        slots = 0 if seq.is_prefilling or seq.spec is None else seq.spec.draft_slots
+        feed = (*conv.token_ids[conv.draft_cells :], seq.pending) if slots else ()
         work.append(LaneWork(seq.lane, seq.request_id, tokens, start, tuple(conv.table.chunk_ids), do_sample,
-                             seq.target_cells, num_drafts))
+                             seq.target_cells, num_drafts, slots, feed, conv.draft_cells if slots else 0))
     return tuple(work)
 
 
 def commit_work(seqs: Mapping[str, Sequence], work: Iterable[LaneWork], cache: ConversationCache,
-                accepted: Mapping[str, int] | None = None, layout: KVLayout | None = None) -> None:
+                outcomes: Mapping[str, DraftOutcome] | None = None, layout: KVLayout | None = None) -> None:
     """The runner wrote `work`'s cells: each conversation now holds them (and its tokens,
     recorded through the cache so that its prefix index follows); a lane that verified
     drafts holds its fed token and the `accepted` drafts only."""
@@ -59,8 +61,8 @@ def commit_work(seqs: Mapping[str, Sequence], work: Iterable[LaneWork], cache: C
         if not seq.is_prefilling:
             assert w.token_ids[0] == seq.pending, (w.request_id, w.token_ids, seq.pending)
             seq.pending = None  # fed: its K/V is written
-            if w.num_drafts:
-                commit_drafts(seq, w, accepted[w.request_id], cache, layout)
+            if w.num_drafts or w.draft_slots:
+                commit_drafts(seq, w, (outcomes or {}).get(w.request_id), cache, layout)
                 continue
         cache.extend(conv, w.token_ids)
         conv.table.num_cells = w.num_cells

@@ -9,6 +9,7 @@ import torch
 from strata.kv.storage import KVStorage
 from strata.models.llama import LlamaModel
 from strata.kv.ring import KVRing
+from strata.runner.drafter import ModelDrafter, with_drafts
 from strata.runner.inputs import StepInputs, build_inputs
 from strata.runner.ring_reads import ring_meta
 from strata.runner.reads import ChunkCells
@@ -19,10 +20,12 @@ from strata.verify import verify
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, kv: KVStorage, ring: KVRing | None = None):
+    def __init__(self, model: LlamaModel, kv: KVStorage, ring: KVRing | None = None,
+                 drafter: ModelDrafter | None = None):
         self.model = model
         self.kv = kv
         self.ring = ring  # --kv-resident: attention reads the pool through the ring
+        self.drafter = drafter  # --spec draft: the draft model, its K/V in the same chunks
         self.sampler = Sampler()
         # Strided decode reads (overlapping K/V views) on CPU only: accelerator SDPA kernels
         # have mishandled unusual K/V strides, and none was lent to test them; they gather.
@@ -44,10 +47,13 @@ class ModelRunner:
         new cells); changes no scheduler state, so a failure here can be undone by ending
         the plan's requests.
         """
-        self.kv.copy_cells(plan.copies)
+        self.copy_cells(plan.copies)
         if not plan.work:
             return StepOutput(())
-        inputs = build_inputs(plan.work, self.cells)
+        work = plan.work
+        if self.drafter is not None and any(w.draft_slots for w in work):
+            work = with_drafts(work, self.drafter.propose(work))
+        inputs = build_inputs(work, self.cells)
         logits = self._forward(inputs, inputs.logits_rows)
         return self._sample(logits, inputs.sample_work, params, generators)
 
@@ -70,8 +76,15 @@ class ModelRunner:
             v = verify(self.sampler, logits[r : r + 1 + w.num_drafts].float(), w.token_ids[1:], params[rid],
                        generators[rid])
             sampled += [Sampled(rid, t, lp) for t, lp in zip(v.token_ids, v.logprobs)]
-            outcomes.append(DraftOutcome(rid, w.num_drafts, v.num_accepted))
+            outcomes.append(DraftOutcome(rid, w.num_drafts, v.num_accepted, w.token_ids[1:]))
         return StepOutput(tuple(sampled), tuple(outcomes))
+
+    def copy_cells(self, copies) -> int:
+        """Cell copies in the pool's storage and the draft model's (same chunk ids); returns bytes."""
+        copied = self.kv.copy_cells(copies)
+        if self.drafter is not None:
+            copied += self.drafter.kv.copy_cells(copies)
+        return copied
 
     @torch.inference_mode()
     def logits_for(self, work: Sequence) -> torch.Tensor:

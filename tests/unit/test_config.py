@@ -201,7 +201,7 @@ def test_memory_guard_refuses_when_the_plan_exceeds_memory():
 
 
 @pytest.mark.parametrize(("kwargs", "flag"), [({"spec": "medusa"}, "--spec"), ({"spec_k": 0}, "--spec-k"),
-                                              ({"spec": "draft"}, "--spec draft"),
+                                              ({"spec": "draft"}, "--draft-model"),
                                               ({"draft_model": "x.gguf"}, "--draft-model")])
 def test_spec_flags_are_checked(kwargs, flag):
     with pytest.raises(ConfigError, match=flag):

@@ -34,6 +34,7 @@ class LaneSpec:
     k: AdaptiveK
     index: NgramIndex | None = None  # the n-gram drafter's index of the conversation's tokens
     drafts: tuple[int, ...] = ()  # planned for the step being run
+    draft_slots: int = 0  # --spec draft: drafts the runner's draft model may propose this step
     counters: SpecCounters = field(default_factory=SpecCounters)
 
 
@@ -57,9 +58,14 @@ class NgramDrafter:
 
 
 class DraftPlanner:
-    def __init__(self, max_k: int, layout: KVLayout, max_context: int, drafter: Drafter | None = None):
+    """`by_model`: the runner's draft model proposes (the plan reserves room for up to k drafts
+    and names the lane's draft slots); else `drafter` proposes here, at plan time."""
+
+    def __init__(self, max_k: int, layout: KVLayout, max_context: int, drafter: Drafter | None = None,
+                 by_model: bool = False):
         assert max_k >= 1
         self.max_k = max_k
+        self.by_model = by_model
         self.layout = layout
         self.max_context = max_context
         self.drafter = drafter if drafter is not None else NgramDrafter()
@@ -77,12 +83,19 @@ class DraftPlanner:
             if seq.is_prefilling or seq.pending is None:
                 continue
             spec = self.state(seq)
-            spec.drafts = ()
+            spec.drafts, spec.draft_slots = (), 0
             conv = seq.conv
             k = min(spec.k.k(), self.max_context - conv.num_cells - 1)
             if seq.target_cells:
                 k = min(k, seq.target_cells - conv.num_cells - 2)  # the last token it may emit is its own
             if k <= 0:
+                continue
+            if self.by_model:
+                while k and self.layout.num_chunks_to_grow(conv.table, conv.num_cells + 1 + k) > pool.num_free:
+                    k -= 1
+                if k:
+                    self.layout.grow(conv.table, conv.num_cells + 1 + k)
+                    spec.draft_slots = k
                 continue
             drafts = self.drafter.propose(seq, k)[:k]
             if not drafts:
@@ -98,12 +111,12 @@ class DraftPlanner:
         by_id = {o.request_id: o for o in outcomes}
         for w in work:
             seq = seqs.get(w.request_id)
-            if seq is None or seq.spec is None or len(w.token_ids) != 1 + w.num_drafts or seq.is_prefilling:
-                continue
+            if seq is None or seq.spec is None or not (w.num_drafts or w.draft_slots or len(w.token_ids) == 1):
+                continue  # not a decode step (a prompt piece)
             o = by_id.get(w.request_id)
             drafted, accepted = (o.num_drafted, o.num_accepted) if o is not None else (0, 0)
             seq.spec.k.record(drafted, accepted)
-            seq.spec.drafts = ()
+            seq.spec.drafts, seq.spec.draft_slots = (), 0
             if drafted:
                 for c in (seq.spec.counters, self.counters):
                     c.num_steps += 1
@@ -111,12 +124,18 @@ class DraftPlanner:
                     c.num_accepted += accepted
 
 
-def commit_drafts(seq: Sequence, w: LaneWork, num_accepted: int, cache: ConversationCache, layout: KVLayout) -> None:
+def commit_drafts(seq: Sequence, w: LaneWork, outcome: DraftOutcome | None, cache: ConversationCache,
+                  layout: KVLayout) -> None:
     """The conversation keeps the fed token and the kept drafts; the rest of the table's room
-    past its cells goes back to the pool (whole chunks)."""
+    past its cells goes back to the pool (whole chunks). With a draft model its K/V is
+    written for the fed token and the drafts it was fed (all but the last proposed)."""
     conv = seq.conv
-    kept = w.token_ids[: 1 + num_accepted]
+    drafts = w.token_ids[1:] if w.num_drafts else (outcome.tokens if outcome is not None else ())
+    accepted = outcome.num_accepted if outcome is not None else 0
+    kept = (w.token_ids[0], *drafts[:accepted])
     cache.extend(conv, kept)
     conv.table.num_cells = w.start + len(kept)
+    if w.draft_slots:
+        conv.draft_cells = w.start + 1 + min(accepted, max(0, len(drafts) - 1))
     copies = layout.truncate(conv.table, conv.table.num_cells)
     assert not copies, "a lane's tail chunk is private: giving back rejected cells copies nothing"

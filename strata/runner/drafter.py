@@ -1,0 +1,85 @@
+"""The draft model (`--spec draft`): proposes each drafting lane's drafts, greedily, in the runner.
+
+Its K/V lives in the same pool as the target's: a chunk id indexes the same slot of the
+draft model's own storage (kv/storage.py, its geometry), and the conversation's chunk table
+addresses both, so a move, a park, a fork or pool-full takes the drafter's state along and
+counts it. For each lane with draft slots it first feeds the tokens whose draft K/V is not
+written yet (`LaneWork.draft_feed`: from `draft_start` up to the pending token), all lanes
+in one batched forward, then one more batched single-token forward per further draft.
+Drafts are the draft model's argmax: a proposal with all its mass on one token, which
+verify's rejection sampling keeps exact (strata/verify.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import torch
+
+from strata.errors import ConfigError
+from strata.kv.pool import KVPool
+from strata.kv.storage import KVStorage
+from strata.loader.model_load import ModelLoad
+from strata.models.llama import LlamaModel
+from strata.runner.inputs import build_inputs
+from strata.runner.reads import ChunkCells
+from strata.step import LaneWork
+
+
+class ModelDrafter:
+    def __init__(self, model: LlamaModel, kv: KVStorage):
+        self.model = model
+        self.kv = kv
+        is_cpu = all(d.type == "cpu" for d in model.devices)
+        self.cells = ChunkCells(kv.chunk_size, kv.num_chunks * kv.chunk_size if is_cpu else None)
+
+    def _next_tokens(self, work: Sequence[LaneWork]) -> dict[str, int]:
+        """The draft model's argmax after each lane's tokens (its K/V written on the way)."""
+        inputs = build_inputs(work, self.cells)
+        m = self.model
+        logits = m.forward(
+            inputs.input_ids.to(m.layer_devices[0]),
+            {d: inputs.positions.to(d) for d in m.devices},
+            {d: inputs.meta.to(d) for d in m.devices},
+            self.kv,
+            inputs.logits_rows.to(m.layer_devices[-1]),
+        )
+        best = logits.argmax(dim=-1).tolist()
+        return {w.request_id: t for w, t in zip(inputs.sample_work, best)}
+
+    @torch.inference_mode()
+    def propose(self, work: Sequence[LaneWork]) -> dict[str, tuple[int, ...]]:
+        """Drafts for every lane of `work` with draft slots (request id -> up to slots tokens)."""
+        lanes = [w for w in work if w.draft_slots]
+        if not lanes:
+            return {}
+        feed = [LaneWork(w.lane, w.request_id, w.draft_feed, w.draft_start, w.chunk_ids, True) for w in lanes]
+        nxt = self._next_tokens(feed)
+        drafts = {w.request_id: [nxt[w.request_id]] for w in lanes}
+        for j in range(1, max(w.draft_slots for w in lanes)):
+            more = [LaneWork(w.lane, w.request_id, (drafts[w.request_id][-1],), w.start + j, w.chunk_ids, True)
+                    for w in lanes if w.draft_slots > j]
+            for request_id, t in self._next_tokens(more).items():
+                drafts[request_id].append(t)
+        return {k: tuple(v) for k, v in drafts.items()}
+
+
+def with_drafts(work: Sequence[LaneWork], drafts: dict[str, tuple[int, ...]]) -> tuple[LaneWork, ...]:
+    """`work` with each drafting lane feeding its pending token and its drafts."""
+    return tuple(dataclasses.replace(w, token_ids=(w.token_ids[0], *drafts[w.request_id]),
+                                     num_drafts=len(drafts[w.request_id]))
+                 if w.request_id in drafts else w for w in work)
+
+
+def load_drafter(path: str, dtype: str, weights: str, devices: Sequence[str], kv_dtype: str, pool: KVPool,
+                 vocab_size: int, max_positions: int, progress: bool) -> ModelDrafter:
+    """The draft model at `path` (GGUF or HF dir), with a K/V storage slot for every chunk of `pool`."""
+    load = ModelLoad(path, dtype, weights, devices)
+    cfg = load.config
+    if cfg.vocab_size != vocab_size:
+        raise ConfigError(f"--draft-model {path}: its vocabulary has {cfg.vocab_size} tokens, the model's "
+                          f"{vocab_size}: a draft model must share the model's tokenizer")
+    model = load.build(max_positions, progress)
+    kv = KVStorage(pool.num_total, pool.chunk_size, cfg.num_kv_heads, cfg.head_dim, kv_dtype, model.layer_devices)
+    return ModelDrafter(model, kv)
