@@ -21,7 +21,7 @@ DEFAULT_PREFILL_CHUNK = 256
 DEFAULT_MEMORY_GUARD_MIB = 512
 WEIGHT_FORMATS = ("auto", "dense", "native")
 SPEC_MODES = ("ngram", "draft", "off")
-DEFAULT_SPEC_K = 4
+DEFAULT_SPEC_K = 3  # 4 rows a verify step: the int8 LM head's path (models/head.py); measured in benchmarks/spec.py
 
 
 @dataclass(frozen=True)

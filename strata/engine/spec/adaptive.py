@@ -3,7 +3,8 @@
 Model: each draft is kept with probability `alpha` (the lane's recent acceptance, an
 exponential average of kept / tried per verify step; a draft after a rejected one is
 not tried). With k drafts a step gives E(k) = 1 + alpha + ... + alpha^k tokens and costs
-1 + DRAFT_COST * k plain decode steps (the verify forward reads k more rows). The lane
+1 + DRAFT_COST_FIRST + DRAFT_COST_MORE * (k - 1) plain decode steps (the verify forward
+reads k more rows; the first extra row costs the most). The lane
 proposes the k <= max_k with the best E(k) / cost(k), and none when no k beats 1: open
 chat, where drafts are rejected, stops drafting. A lane that stopped tries one draft
 every PROBE_EVERY steps, so it notices when its text starts repeating. No torch here.
@@ -13,9 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Extra cost of one more verified row, in decode steps (benchmarks/spec.py measures it:
-# on 2 CPU cores a 5-row verify forward of the default model costs ~1.3 one-row steps).
-DRAFT_COST = 0.08
+# The verify forward's cost over a one-row decode step, in decode steps (benchmarks/spec.py
+# measures it; the default model on this CPU, 1 thread: 1 draft 1.40 steps, 2: 1.42, 3: 1.52,
+# then 4: 2.03, where 5 rows leave the int8 LM head's 4-row path).
+DRAFT_COST_FIRST = 0.40
+DRAFT_COST_MORE = 0.06
 PRIOR = 0.5  # the acceptance a lane starts from
 WEIGHT = 0.3  # of the latest verify step in the average
 PROBE_EVERY = 16
@@ -34,7 +37,7 @@ class AdaptiveK:
         tokens = 1.0
         for k in range(1, self.max_k + 1):
             tokens += self.alpha**k
-            value = tokens / (1.0 + DRAFT_COST * k)
+            value = tokens / (1.0 + DRAFT_COST_FIRST + DRAFT_COST_MORE * (k - 1))
             if value > best:
                 best, best_k = value, k
         if best_k == 0 and self.steps_without >= PROBE_EVERY:
