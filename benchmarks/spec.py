@@ -54,14 +54,16 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--workloads", default="repeat,chat")
     ap.add_argument("--spec-k", type=int, default=4, help="--spec-k of the ngram arm")
     ap.add_argument("--cost-k", type=int, default=6, help="DRAFT_COST: k from 0 to this")
-    ap.add_argument("--cost-cycles", type=int, default=12, help="DRAFT_COST: steps per k; 0 skips it")
-    ap.add_argument("--cost-lanes", default="1,8", help="DRAFT_COST: lane counts")
+    ap.add_argument("--cost-cycles", type=int, default=16, help="DRAFT_COST: steps per k; 0 skips it")
+    ap.add_argument("--cost-lanes", default=None, help="DRAFT_COST: lane counts (default 1,8; --quick: 1)")
+    ap.add_argument("--dtype", default="bfloat16", help="both arms' --dtype (float32: greedy ties hold exactly)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--out", default=RESULTS_DIR, help="directory for spec.json and spec.png")
-    ap.add_argument("--quick", action="store_true", help="smoke run: 32 tokens, 1 round, 4 steps per k, 1 lane")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 32 tokens, 1 round, 6 steps per k, 1 lane")
     a = ap.parse_args()
     if a.quick:
-        a.new, a.rounds, a.cost_cycles, a.cost_lanes = 32, 1, 4, "1"
+        a.new, a.rounds, a.cost_cycles = 32, 1, 6
+    a.cost_lanes = a.cost_lanes or ("1" if a.quick else "1,8")
     a.lane_counts = [int(x) for x in a.lanes.split(",") if x.strip()]
     a.cost_lane_counts = [int(x) for x in a.cost_lanes.split(",") if x.strip()]
     if any(not 1 <= n <= BATCH + 1 for n in a.lane_counts + a.cost_lane_counts):
@@ -79,13 +81,13 @@ def main() -> int:
     print(f"llama.cpp peer: {llama['note']}")
     quiet = wait_for_quiet(5 if a.quick else 60)
     t0 = time.perf_counter()
-    shared = {"model": None, "batch": BATCH, "max_context": MAX_CONTEXT, "threads": a.threads}
+    shared = {"model": None, "batch": BATCH, "max_context": MAX_CONTEXT, "threads": a.threads, "dtype": a.dtype}
     arms = {SPEC: SpecArm(SPEC, EngineConfig(**shared, spec="ngram", spec_k=a.spec_k)),
             OFF: SpecArm(OFF, EngineConfig(**shared, spec="off"))}
     prompts = workloads(arms[SPEC].engine.tokenizer, MAX_CONTEXT - a.new - a.spec_k - 2)
     print(f"engines loaded in {time.perf_counter() - t0:.0f} s; prompt tokens: "
           + "; ".join(f"{w} {min(map(len, p))}-{max(map(len, p))}" for w, p in prompts.items()), file=sys.stderr)
-    header = (f"default model bf16, up to {a.new} new tokens, {a.rounds} round(s), arms stepped alternately; "
+    header = (f"default model {a.dtype}, up to {a.new} new tokens, {a.rounds} round(s), arms stepped alternately; "
               "absolute tok/s on a shared machine are noise, ratios count")
     raw, cells = {}, []
     for w in [x.strip() for x in a.workloads.split(",") if x.strip()]:
@@ -96,20 +98,21 @@ def main() -> int:
     costs = []
     if a.cost_cycles:
         for lanes in a.cost_lane_counts:
-            c = draft_cost.measure(arms[SPEC].engine, prompts["repeat"][:lanes], a.cost_k, a.cost_cycles)
+            c = draft_cost.measure(arms[SPEC], prompts["repeat"][:lanes], a.cost_k, a.cost_cycles)
             costs.append(c)
             print(f"  DRAFT_COST at {lanes} lane(s): slope {c['draft_cost']:.3f}", file=sys.stderr)
     elapsed = time.perf_counter() - t0
     for arm in arms.values():
         arm.close()
-    tables = {"speed": speed_table(cells, header)}
-    v = verdict(cells)
-    tables["verdict"] = verdict_text(v)
+    tables, v = {}, verdict(cells)
+    if cells:
+        tables["speed"] = speed_table(cells, header)
+        tables["verdict"] = verdict_text(v)
     if costs:
         tables["cost"] = cost_table(costs, DRAFT_COST)
     print(f"llama.cpp peer: {llama['note']}")
     print(f"total {elapsed:.0f} s")
-    payload = {"args": {k: v for k, v in vars(a).items()}, "quiet": quiet, "engine": {**shared, "dtype": "bfloat16"},
+    payload = {"args": {k: v for k, v in vars(a).items()}, "quiet": quiet, "engine": shared,
                "peer_llama_cpp": llama, "cells": cells, "verdict": v, "draft_cost": costs,
                "draft_cost_in_adaptive": DRAFT_COST, "tables": tables, "raw": raw, "elapsed_s": elapsed}
     os.makedirs(a.out, exist_ok=True)
@@ -117,7 +120,7 @@ def main() -> int:
     with open(json_path, "w") as f:
         json.dump(payload, f, indent=1)
     png_path = os.path.join(a.out, "spec.png")
-    plot(cells, costs, f"strata --spec ngram vs off, SmolLM2-135M bf16, {a.new} new tokens x {a.rounds} rounds; "
+    plot(cells, costs, f"strata --spec ngram vs off, SmolLM2-135M {a.dtype}, {a.new} new tokens x {a.rounds} rounds; "
          f"llama.cpp peer: {'measured' if llama['available'] else 'absent'}", png_path)
     print(f"wrote {json_path} and {png_path}")
     return 0

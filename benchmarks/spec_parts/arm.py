@@ -1,8 +1,12 @@
 """One arm: an engine (spec ngram or off) fed the same prompts as the other arms, stepped by
 hand so that arms can take steps alternately (interleave.py).
 
-Decode speed counts only pure decode steps: steps taken once every submitted request has
-its first token (its prefill is done), so no prefill row is timed. Per round:
+Before a round's requests, `warm` prefills the same prompts (one token each, untimed), so
+the round's requests find their prompts cached in their lanes and every lane starts
+decoding within a step or two: otherwise lanes whose prefill ends early decode during the
+others' prefill, faster in one arm than the other, and the arms' decode phases would hold
+different shares of their tokens. Decode speed counts only pure decode steps: steps taken
+once every submitted request has its first token, so no prefill row is timed. Per round:
 decode_tokens = tokens those steps emitted, decode_s = their wall time; drafted / accepted
 = the engine's draft counters over the round (all steps), and per request its timings'
 draft_n / draft_n_accepted.
@@ -28,13 +32,25 @@ class SpecArm:
         self.engine = Engine(config, progress=False)
         self.state: dict | None = None
 
+    def warm(self, prompts: list[list[int]]) -> int:
+        """Prefills `prompts` into the lanes (one greedy token each); returns the steps taken."""
+        from strata.sampling import SamplingParams
+
+        for p in prompts:
+            self.engine.add_request(p, SamplingParams(temperature=0, max_tokens=1))
+        steps = 0
+        while self.engine.has_work:
+            self.engine.step()
+            steps += 1
+        return steps
+
     def submit(self, prompts: list[list[int]], new: int) -> None:
         from strata.sampling import SamplingParams
 
         params = SamplingParams(temperature=0, max_tokens=new)  # greedy: both arms emit the same text
         rids = [self.engine.add_request(p, params) for p in prompts]
         self.state = {"rids": rids, "out": {r: [] for r in rids}, "done": set(), "decode_s": 0.0,
-                      "decode_tokens": 0, "decode_steps": 0, "rows": 0, "step_s": [], "timings": {},
+                      "decode_tokens": 0, "decode_steps": 0, "step_s": [], "timings": {}, "cached": {},
                       "at": _counters(self.engine), "t0": time.perf_counter()}
 
     @property
@@ -55,6 +71,7 @@ class SpecArm:
             emitted += len(o.new_token_ids)
             if o.finished:
                 st["done"].add(o.request_id)
+                st["cached"][o.request_id] = o.num_cached_tokens
                 if o.timings is not None:
                     st["timings"][o.request_id] = (o.timings.draft_n, o.timings.draft_n_accepted)
         if decoding and emitted:
@@ -74,6 +91,7 @@ class SpecArm:
             "tokens": sum(len(o) for o in outs), "out": outs,
             "verify_steps": s1 - s0, "drafted": d1 - d0, "accepted": a1 - a0,
             "request_drafts": [st["timings"].get(r) for r in st["rids"]],
+            "cached_tokens": [st["cached"].get(r) for r in st["rids"]],
             "wall_s": time.perf_counter() - st["t0"],
         }
 

@@ -1,8 +1,9 @@
 """DRAFT_COST (engine/spec/adaptive.py): the extra cost of one more verified row, in plain
 decode steps, measured on the spec arm's own engine.
 
-One request decodes greedily in `lanes` lanes while the step's draft count k cycles over
-0..max_k step by step (order rotating per cycle, so drift hits every k alike): a fixed-k
+One request per lane (its prompt prefilled beforehand, untimed) decodes greedily while the
+step's draft count k cycles over 0..max_k step by step (order rotating per cycle, so drift
+hits every k alike): a fixed-k
 planner replaces the engine's adaptive one for the measurement and is put back after. Drafts
 are random token ids, so the model rejects them (a clash has odds ~k/vocab): every step
 costs a verify forward of 1 + k rows per lane and emits one token, and the context grows
@@ -45,17 +46,19 @@ def _fixed_planner(engine, max_k: int, seed: int):
     return FixedK, FixedPlanner(max_k, old.layout, old.max_context, RandomDrafter()), old
 
 
-def measure(engine, prompts: list[list[int]], max_k: int, cycles: int, seed: int = 5) -> dict:
-    """`prompts`: one per lane; `cycles` steps at each k in 0..max_k. Returns the step medians
-    by k, the ratios, the slope and the raw step times."""
+def measure(arm, prompts: list[list[int]], max_k: int, cycles: int, seed: int = 5) -> dict:
+    """`arm`: the spec arm (arm.py); `prompts`: one per lane; `cycles` steps at each k in
+    0..max_k. Returns the step medians by k, the ratios, the slope and the raw step times."""
     from strata.sampling import SamplingParams
 
+    engine = arm.engine
+    arm.warm(prompts)  # the prompts cached in their lanes: every lane starts decoding at once
     fixed_k, planner, old = _fixed_planner(engine, max_k, seed)
     ks = list(range(max_k + 1))
     steps: dict[int, list[float]] = {k: [] for k in ks}
     engine.scheduler.drafts = planner
     try:
-        params = SamplingParams(temperature=0, max_tokens=cycles * len(ks) + 4, ignore_eos=True)
+        params = SamplingParams(temperature=0, max_tokens=cycles * len(ks) + 16, ignore_eos=True)  # aborted after
         rids = [engine.add_request(p, params) for p in prompts]
         seen: set[str] = set()
         while len(seen) < len(rids):  # prefill, until every lane has its first token

