@@ -57,7 +57,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--cost-cycles", type=int, default=16, help="DRAFT_COST: steps per k; 0 skips it")
     ap.add_argument("--cost-lanes", default=None, help="DRAFT_COST: lane counts (default 1,8; --quick: 1)")
     ap.add_argument("--dtype", default="bfloat16", help="both arms' --dtype (float32: greedy ties hold exactly)")
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (a shared machine: with 2 threads and "
+                    "another busy process, OpenMP waits can make steps 10-50x slower)")
     ap.add_argument("--out", default=RESULTS_DIR, help="directory for spec.json and spec.png")
     ap.add_argument("--quick", action="store_true", help="smoke run: 32 tokens, 1 round, 6 steps per k, 1 lane")
     a = ap.parse_args()
@@ -87,8 +88,8 @@ def main() -> int:
     prompts = workloads(arms[SPEC].engine.tokenizer, MAX_CONTEXT - a.new - a.spec_k - 2)
     print(f"engines loaded in {time.perf_counter() - t0:.0f} s; prompt tokens: "
           + "; ".join(f"{w} {min(map(len, p))}-{max(map(len, p))}" for w, p in prompts.items()), file=sys.stderr)
-    header = (f"default model {a.dtype}, up to {a.new} new tokens, {a.rounds} round(s), arms stepped alternately; "
-              "absolute tok/s on a shared machine are noise, ratios count")
+    header = (f"default model {a.dtype}, {a.threads} thread(s), up to {a.new} new tokens, {a.rounds} round(s), "
+              "arms stepped alternately; absolute tok/s on a shared machine are noise, ratios count")
     raw, cells = {}, []
     for w in [x.strip() for x in a.workloads.split(",") if x.strip()]:
         for lanes in a.lane_counts:
