@@ -113,7 +113,7 @@ def main() -> int:
         tables["cost"] = cost_table(costs, DRAFT_COST)
     print(f"llama.cpp peer: {llama['note']}")
     print(f"total {elapsed:.0f} s")
-    payload = {"args": {k: v for k, v in vars(a).items()}, "quiet": quiet, "engine": shared,
+    payload = {"args": vars(a), "quiet": quiet, "engine": shared,
                "peer_llama_cpp": llama, "cells": cells, "verdict": v, "draft_cost": costs,
                "draft_cost_in_adaptive": DRAFT_COST, "tables": tables, "raw": raw, "elapsed_s": elapsed}
     os.makedirs(a.out, exist_ok=True)
