@@ -34,6 +34,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from strata.config import DEFAULT_SPEC_K, EngineConfig  # noqa: E402
 from benchmarks.common import RESULTS_DIR, wait_for_quiet  # noqa: E402
 from benchmarks.spec_parts import draft_cost, peer  # noqa: E402
 from benchmarks.spec_parts.interleave import run_rounds  # noqa: E402
@@ -52,7 +53,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--new", type=int, default=128, help="max new tokens per request (greedy, stops at EOS)")
     ap.add_argument("--lanes", default="1,8", help="lane counts, each at most 8")
     ap.add_argument("--workloads", default="repeat,chat")
-    ap.add_argument("--spec-k", type=int, default=4, help="--spec-k of the ngram arm")
+    ap.add_argument("--spec-k", type=int, default=DEFAULT_SPEC_K, help="--spec-k of the ngram arm")
     ap.add_argument("--cost-k", type=int, default=6, help="DRAFT_COST: k from 0 to this")
     ap.add_argument("--cost-cycles", type=int, default=16, help="DRAFT_COST: steps per k; 0 skips it")
     ap.add_argument("--cost-lanes", default=None, help="DRAFT_COST: lane counts (default 1,8; --quick: 1)")
@@ -74,8 +75,7 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> int:
     a = parse_args()
-    from strata.config import EngineConfig
-    from strata.engine.spec.adaptive import DRAFT_COST
+    from strata.engine.spec.adaptive import DRAFT_COST_FIRST, DRAFT_COST_MORE
     from benchmarks.spec_parts.arm import SpecArm
 
     llama = peer.detect()
@@ -110,12 +110,12 @@ def main() -> int:
         tables["speed"] = speed_table(cells, header)
         tables["verdict"] = verdict_text(v)
     if costs:
-        tables["cost"] = cost_table(costs, DRAFT_COST)
+        tables["cost"] = cost_table(costs, (DRAFT_COST_FIRST, DRAFT_COST_MORE))
     print(f"llama.cpp peer: {llama['note']}")
     print(f"total {elapsed:.0f} s")
     payload = {"args": vars(a), "quiet": quiet, "engine": shared,
                "peer_llama_cpp": llama, "cells": cells, "verdict": v, "draft_cost": costs,
-               "draft_cost_in_adaptive": DRAFT_COST, "tables": tables, "raw": raw, "elapsed_s": elapsed}
+               "draft_cost_in_adaptive": {"first": DRAFT_COST_FIRST, "more": DRAFT_COST_MORE}, "tables": tables, "raw": raw, "elapsed_s": elapsed}
     os.makedirs(a.out, exist_ok=True)
     json_path = os.path.join(a.out, "spec.json")
     with open(json_path, "w") as f:

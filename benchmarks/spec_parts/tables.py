@@ -38,10 +38,11 @@ def verdict_text(v: dict) -> str:
     return text
 
 
-def cost_table(costs: list[dict], current: float) -> str:
+def cost_table(costs: list[dict], current: tuple[float, float]) -> str:
     ks = sorted({int(k) for c in costs for k in c["ratio"]})
     rows = [[f"{c['lanes']} lane(s)", *(c["ratio"].get(k, float("nan")) for k in ks), c["step_ms"][0],
              f"{c['draft_cost']:.3f}"] for c in costs]
     return print_table(f"verify step with k drafts per lane / plain decode step (medians; {costs[0]['cycles']} "
-                       f"steps per k, k cycled step by step). DRAFT_COST = slope; adaptive.py has {current}",
+                       f"steps per k, k cycled step by step). adaptive.py models k drafts as 1 + {current[0]} + "
+                       f"{current[1]} x (k - 1)",
                        ["lanes", *(f"k={k}" for k in ks), "k=0 ms", "slope"], rows)

@@ -129,6 +129,11 @@ class LlamaModel:
         self.rotary = {d: Rotary(self.inv_freq, max_positions, self.dtype, d) for d in self.devices}
         self.ops = load_decode_ops() if all(d.type == "cpu" for d in self.devices) else None
 
+    @property
+    def has_int4(self) -> bool:
+        """Some projection reads 4-bit weights at decode steps (of at most INT4_MAX_ROWS rows)."""
+        return any(lin.int4 is not None for layer in self.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))
+
     def __getstate__(self) -> dict:
         """Pickled as weights only (see loader/prepared.py): `prepare_runtime` remakes the rest."""
         return {k: v for k, v in self.__dict__.items() if k not in ("rotary", "ops")}

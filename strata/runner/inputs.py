@@ -32,6 +32,9 @@ class StepInputs:
     sample_work: tuple[LaneWork, ...]  # the lanes behind logits_rows, in order
 
 
+VERIFY_MAX_ROWS = 8
+
+
 def _write_cells(w: LaneWork, chunk_size: int) -> list[int]:
     """Flat cells the lane's new tokens are written to."""
     return [w.chunk_ids[p // chunk_size] * chunk_size + p % chunk_size for p in range(w.start, w.num_cells)]
@@ -116,7 +119,12 @@ def build_inputs(work: Sequence[LaneWork], cells: ChunkCells) -> StepInputs:
         n = len(w.token_ids)
         cell_slice = contiguous(w.chunk_ids, w.num_cells, chunk_size)
         runs = None if cell_slice is not None else runs_of(w, cells)
-        if cell_slice is not None:
+        if cell_slice is not None and n <= VERIFY_MAX_ROWS < w.num_cells:
+            # A few rows over a long lane (a verify step's drafts): the cells every row sees in
+            # one grouped read, the last few under a small mask, merged by log-sum-exp; SDPA
+            # with a [rows, cells] mask costs about twice as much here (measured, 2 rows).
+            prefills.append(PrefillRuns(row, row + n, *split_for_rows((cell_slice,), w.num_cells, n)))
+        elif cell_slice is not None:
             prefills.append(PrefillContiguous(row, row + n, cell_slice))
         elif runs is not None:
             prefills.append(PrefillRuns(row, row + n, *split_for_rows(runs, w.num_cells, n)))

@@ -21,7 +21,7 @@ DRAFT_COST_FIRST = 0.40
 DRAFT_COST_MORE = 0.06
 PRIOR = 0.5  # the acceptance a lane starts from
 WEIGHT = 0.3  # of the latest verify step in the average
-PROBE_EVERY = 16
+PROBE_EVERY = 32
 
 
 @dataclass

@@ -70,6 +70,10 @@ class DraftPlanner:
         self.max_context = max_context
         self.drafter = drafter if drafter is not None else NgramDrafter()
         self.counters = SpecCounters()
+        # Rows a decode step may have before its projections leave their cheap path (the 4-bit
+        # kernel's, models/layers.py): drafts never take a step past it, since every lane of
+        # the step would pay (None: no such limit)
+        self.max_step_rows: int | None = None
 
     def state(self, seq: Sequence) -> LaneSpec:
         if seq.spec is None:
@@ -79,13 +83,13 @@ class DraftPlanner:
     def plan(self, seqs: Iterable[Sequence]) -> None:
         """Sets the drafts of every decoding sequence (oldest first) and grows its table for them."""
         pool = self.layout.pool
-        for seq in sorted(seqs, key=lambda s: s.order):
-            if seq.is_prefilling or seq.pending is None:
-                continue
+        decoding = [s for s in sorted(seqs, key=lambda s: s.order) if not s.is_prefilling and s.pending is not None]
+        budget = self.max_context if self.max_step_rows is None else self.max_step_rows - len(decoding)
+        for seq in decoding:
             spec = self.state(seq)
             spec.drafts, spec.draft_slots = (), 0
             conv = seq.conv
-            k = min(spec.k.k(), self.max_context - conv.num_cells - 1)
+            k = min(spec.k.k(), self.max_context - conv.num_cells - 1, budget)
             if seq.target_cells:
                 k = min(k, seq.target_cells - conv.num_cells - 2)  # the last token it may emit is its own
             if k <= 0:
@@ -96,6 +100,7 @@ class DraftPlanner:
                 if k:
                     self.layout.grow(conv.table, conv.num_cells + 1 + k)
                     spec.draft_slots = k
+                    budget -= k
                 continue
             drafts = self.drafter.propose(seq, k)[:k]
             if not drafts:
@@ -105,6 +110,7 @@ class DraftPlanner:
             if drafts:
                 self.layout.grow(conv.table, conv.num_cells + 1 + len(drafts))
                 spec.drafts = tuple(drafts)
+                budget -= len(drafts)
 
     def record(self, seqs: Mapping[str, Sequence], outcomes: Iterable[DraftOutcome], work: Iterable[LaneWork]) -> None:
         """The verify step's outcomes, into each lane's adaptive k and the counters."""
