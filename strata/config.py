@@ -47,7 +47,7 @@ class EngineConfig:
     kv_ring_default: int = DEFAULT_RING
     kv_ring_budget: int | None = None  # device cells per layer for every ring together (None: lanes x cap)
     kv_ring_adapt: bool | None = None  # None: from STRATA_KV_RING_ADAPT
-    spec: str = "off"  # speculative decoding: "ngram" (prompt lookup), "draft" (--draft-model), "off"
+    spec: str = "ngram"  # speculative decoding: "ngram" (prompt lookup), "draft" (--draft-model), "off"
     spec_k: int = DEFAULT_SPEC_K  # drafts a lane proposes a step, at most (adaptive below it)
     draft_model: str | None = None
 

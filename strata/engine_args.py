@@ -45,7 +45,7 @@ def add_engine_args(
                    help="the ring a shallow run keeps with STRATA_KV_RING_ADAPT=1")
     g.add_argument("--kv-ring-budget", type=int, default=None,
                    help="device cells per layer for all lanes' rings together (default: lanes x --kv-resident)")
-    g.add_argument("--spec", choices=SPEC_MODES, default="off",
+    g.add_argument("--spec", choices=SPEC_MODES, default="ngram",
                    help="speculative decoding: ngram (prompt lookup drafts, verified in one step), draft (--draft-model), off")
     g.add_argument("--spec-k", type=int, default=DEFAULT_SPEC_K, help="drafts a lane proposes a step, at most")
     g.add_argument("--draft-model", default=None, help="with --spec draft: a smaller model with the same tokenizer")

@@ -149,8 +149,10 @@ def test_json_run_reports_every_field(runs, name):
     # No pool: the one lane reserves its whole --max-context, 1024 cells of K/V in the run's dtype.
     assert result["kv_bytes_held"] == 1024 * KV_BYTES_PER_CELL[GOOD_RUNS[name][1]]
     timings = result["timings"]
+    # --spec ngram by default: the drafts in llama.cpp's names too
     assert set(timings) == {"cache_n", "prompt_n", "prompt_ms", "prompt_per_second", "predicted_n",
-                            "predicted_ms", "predicted_per_second"}
+                            "predicted_ms", "predicted_per_second", "draft_n", "draft_n_accepted"}
+    assert result["spec"]["drafted"] == timings["draft_n"] >= timings["draft_n_accepted"] == result["spec"]["accepted"]
     assert timings["cache_n"] == 0 and timings["prompt_n"] == result["prompt_tokens"]
     assert timings["predicted_n"] == len(tokens)
     assert timings["prompt_ms"] == pytest.approx(result["ttft_ms"], abs=0.01)
@@ -164,10 +166,11 @@ def test_streaming_run_prints_text_then_a_summary(runs):
     assert run.stdout == result["text"] + "\n"  # greedy, both float32: the same text as the JSON run
     summary = run.stderr.strip().splitlines()[-1]
     pattern = (r"\[prompt (\d+) tok \| TTFT \d+ ms \| prefill [\d.]+ tok/s \| decode [\d.]+ tok/s "
-               r"\((\d+) tok\) \| K/V held ([\d.]+) MiB \| (stop|length)\]")
+               r"\((\d+) tok\) \| K/V held ([\d.]+) MiB \| drafts (\d+)/(\d+) kept \(\d+%\) \| (stop|length)\]")
     found = re.fullmatch(pattern, summary)
     assert found, summary
     assert int(found.group(1)) == result["prompt_tokens"]
     assert int(found.group(2)) == len(result["token_ids"])
     assert float(found.group(3)) == pytest.approx(1024 * KV_BYTES_PER_CELL["float32"] / 2**20, abs=0.05)
-    assert found.group(4) == result["finish_reason"]
+    assert (int(found.group(4)), int(found.group(5))) == (result["spec"]["accepted"], result["spec"]["drafted"])
+    assert found.group(6) == result["finish_reason"]

@@ -31,6 +31,7 @@ POOL_ENGINE = {
     "batch": 1,
     "kv_pool_tokens": 256,
     "kv_chunk": 16,
+    "spec": "off",  # its tests follow the pool cell by cell: one token a step (drafts are tested apart)
 }
 READY_TIMEOUT_S = 300.0
 # STRATA_TEST_KV=int8 (or f16, ...) runs the shared servers on that K/V dtype: the server suite's

@@ -81,6 +81,8 @@ def test_chat_extra_fields_over_httpx(main_server):
         "predicted_n",
         "predicted_ms",
         "predicted_per_second",
+        "draft_n",  # --spec ngram by default
+        "draft_n_accepted",
     }
     assert body["timings"]["cache_n"] == body["usage"]["prompt_tokens_details"]["cached_tokens"]
 

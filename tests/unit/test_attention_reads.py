@@ -27,7 +27,7 @@ from strata.step import LaneWork
 from strata.kv.quant import Int8Cells
 from strata.kv.storage import KVStorage
 from strata.models.attention import AttentionMeta, attend
-from strata.runner.inputs import build_inputs
+from strata.runner.inputs import VERIFY_MAX_ROWS, build_inputs
 from strata.runner.reads import MAX_RUNS, ChunkCells
 
 ATOL = RTOL = 1e-5  # float32 compute against a float64 reference
@@ -218,6 +218,12 @@ def in_runs(draw, c: int, min_runs: int = 2, max_runs: int = MAX_RUNS):
 # --- one path at a time ---------------------------------------------------------------
 
 
+
+def contiguous_prefill(rows: int, num_cells: int) -> str:
+    """A contiguous lane's prefill piece: a few rows over a longer lane (a verify step's) run by
+    run, the cells every row sees apart from the last few (runner/inputs.py VERIFY_MAX_ROWS)."""
+    return "prefill-runs" if rows <= VERIFY_MAX_ROWS < num_cells else "prefill-contiguous"
+
 @FAST
 @given(shape=shapes(), data=st.data(), seed=st.integers(0, 2**16))
 def test_one_contiguous_lane_is_read_in_place(shape, data, seed):
@@ -229,7 +235,7 @@ def test_one_contiguous_lane_is_read_in_place(shape, data, seed):
     lane = Lane(lane.chunk_ids, num_cells - (n := data.draw(new_tokens(num_cells))), n)
     s = Shape(num_chunks=first + len(lane.chunk_ids) + 1, **shape)
     paths = check(s, [lane], seed, known_storage=data.draw(st.booleans()), runs_min_cells=1)
-    assert paths == {0: "contiguous" if n == 1 else "prefill-contiguous"}
+    assert paths == {0: "contiguous" if n == 1 else contiguous_prefill(n, num_cells)}
 
 
 @FAST
@@ -318,7 +324,7 @@ def test_prefill_pieces_attend_causally_from_any_start(shape, data, seed):
             table = data.draw(st.permutations(table))
         at += need
         lanes.append(Lane(tuple(table), num_cells - n, n))
-        expect[i] = "prefill-contiguous" if table == sorted(table) else "prefill-gathered"
+        expect[i] = contiguous_prefill(n, num_cells) if table == sorted(table) else "prefill-gathered"
     s = Shape(num_chunks=at, **shape)
     assert check(s, lanes, seed, runs_min_cells=1024) == expect
 
