@@ -118,7 +118,9 @@ def judge(counts: dict, m: dict[str, float], slots: list[dict], health: int, rss
     """The checks, each {name, ok, detail}."""
     held, parked, free, total, active = (chunks(m, s) for s in ("held", "parked", "free", "total", "active"))
     busy = [s["id"] for s in slots if s["state"] in BUSY_STATES]
-    idle_lane_chunks = sum(s["chunks_held"] for s in slots if s["state"] == "idle")
+    # Chunks shared by several conversations (a forked prefix) are in several lanes' tables but
+    # held (and parked) once: count each idle lane's own chunks.
+    idle_lane_chunks = sum(s["chunks_held"] - s.get("chunks_shared", 0) for s in slots if s["state"] == "idle")
     statuses = http_statuses(m)
     server_errors = {k: v for k, v in statuses.items() if k.startswith("5") and k != "503"}
     checks = [
@@ -129,7 +131,8 @@ def judge(counts: dict, m: dict[str, float], slots: list[dict], health: int, rss
          f"running={m.get('strata_requests_running')} queued={m.get('strata_requests_queued')}"),
         ("every chunk free or parked", active == 0 and held == parked and free + held == total
          and idle_lane_chunks <= parked,
-         f"total={total} free={free} held={held} parked={parked} active={active} idle lanes hold {idle_lane_chunks}"),
+         f"total={total} free={free} held={held} parked={parked} active={active} "
+         f"idle lanes hold {idle_lane_chunks} unshared"),
         ("no 5xx but 503", not server_errors, f"HTTP statuses {statuses}"),
         ("no traceback in the server log", log_tracebacks == 0, f"{log_tracebacks} tracebacks"),
         ("a chat request after the run", after_ok, "200 with an answer" if after_ok else "it failed"),

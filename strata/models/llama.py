@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 import torch
 import torch.nn.functional as F
 
-from strata.kv.ring import RingStep
+from strata.kv.ring_step import RingStep
 from strata.kv.ring_cells import RingCells
 from strata.kv.storage import KVStorage
 from strata.models.attention import AttentionMeta, attend, attend_written

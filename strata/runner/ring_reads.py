@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from strata.kv.ring import PageMap, RingStep
+from strata.kv.ring_step import PageMap, RingStep
 from strata.models.attention import AttentionMeta
 from strata.models.cell_reads import DecodeContiguous, DecodeRuns, PrefillContiguous, PrefillRuns
 from strata.runner.reads import split_for_rows

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from strata.config import EngineConfig
 from strata.engine.engine import Engine
 from strata.sampling import SamplingParams
+from tests.model.engine_runs import run_requests
 
 MAX_CONTEXT = 192
 NEW = 8
@@ -63,16 +64,7 @@ def engines(tiny_llama_dir):
 
 def run(engine: Engine, prompts: list[list[int]]) -> list[list[int]]:
     """Greedy tokens for `prompts`, all submitted at once; checks the pool after every step."""
-    for request_id in list(engine.requests):  # left over by an earlier failing example
-        engine.abort(request_id)
-    ids = [engine.add_request(p, GREEDY) for p in prompts]
-    tokens = {i: [] for i in ids}
-    while engine.has_work:
-        for out in engine.step():
-            assert out.error is None and not out.truncated
-            tokens[out.request_id].extend(out.new_token_ids)
-        engine.scheduler.check()
-    return [tokens[i] for i in ids]
+    return run_requests(engine, prompts, GREEDY)
 
 
 def reference(engines, prompt: list[int], kv: str = "f32") -> list[int]:

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from strata.config import EngineConfig
 from strata.engine.engine import Engine
 from strata.sampling import SamplingParams
+from tests.model.engine_runs import move_or_park, run_requests
 
 MAX_CONTEXT = 160
 PAGE = 16
@@ -65,18 +66,7 @@ def engines(tiny_llama_dir):
 
 
 def run(engine: Engine, prompts: list[list[int]]) -> list[list[int]]:
-    for request_id in list(engine.requests):
-        engine.abort(request_id)
-    ids = [engine.add_request(p, GREEDY) for p in prompts]
-    tokens = {i: [] for i in ids}
-    while engine.has_work:
-        for out in engine.step():
-            assert out.error is None and not out.truncated
-            tokens[out.request_id].extend(out.new_token_ids)
-        engine.scheduler.check()
-        if engine.ring is not None:
-            engine.ring.residency.check()
-    return [tokens[i] for i in ids]
+    return run_requests(engine, prompts, GREEDY, lambda e: e.ring is not None and e.ring.residency.check())
 
 
 def reference(engines, prompt: list[int], kv: str) -> list[int]:
@@ -100,13 +90,9 @@ def test_follow_up_through_the_ring_equals_cold(engines, first, follow, ring, ac
     engine = engines(*ring)
     engine.scheduler.clear_cache()
     (out,) = run(engine, [first])
-    lane = next(lane.index for lane in engine.scheduler.lanes if lane.conv is not None)
     prompt = first + out + follow
-    if action == "move":
-        engine.move(lane, (lane + 1) % len(engine.scheduler.lanes))
-    elif action == "park":
-        engine.park(lane)
-    elif action == "branch":
+    move_or_park(engine, action)
+    if action == "branch":
         prompt = first[: max(1, len(first) // 2)] + follow
     assert run(engine, [prompt])[0] == reference(engines, prompt, ring[3])
 

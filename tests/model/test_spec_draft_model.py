@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 
 from strata.config import EngineConfig
 from strata.engine.engine import Engine
-from strata.kv.table import chunks_for
 from strata.sampling import SamplingParams
 from tests.conftest import make_tiny_model
+from tests.model.engine_runs import move_or_park, run_requests, tables_are_tight
 
 MAX_CONTEXT = 192
 GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
@@ -47,24 +47,7 @@ def engines(tiny_llama_dir, qwen_dir):
 
 
 def run(engine: Engine, prompts: list[list[int]]) -> list[list[int]]:
-    for request_id in list(engine.requests):  # left over by an earlier failing example
-        engine.abort(request_id)
-    ids = [engine.add_request(p, GREEDY) for p in prompts]
-    tokens = {i: [] for i in ids}
-    while engine.has_work:
-        for out in engine.step():
-            assert out.error is None
-            tokens[out.request_id].extend(out.new_token_ids)
-        engine.scheduler.check()
-        prefilling = {id(s.conv) for s in engine.scheduler.seqs.values() if s.is_prefilling}
-        for conv in engine.scheduler.cache if engine.layout.is_pooled else ():  # rejected cells went back
-            if id(conv) in prefilling:
-                continue
-            # room for its cells, and for its next token while it decodes (as without drafts)
-            c, n = engine.layout.chunk_size, conv.table.num_cells
-            assert chunks_for(n, c) <= len(conv.table.chunk_ids) <= chunks_for(n + conv.is_active, c)
-            assert conv.draft_cells <= conv.num_cells
-    return [tokens[i] for i in ids]
+    return run_requests(engine, prompts, GREEDY, tables_are_tight if engine.layout.is_pooled else None)
 
 
 def counters(engine: Engine):
@@ -95,11 +78,7 @@ def test_the_drafters_state_follows_a_move_or_park(engines, first, follow, poole
     for e in (plain, spec):
         e.scheduler.clear_cache()
         (out,) = run(e, [first])
-        lane = next(ln.index for ln in e.scheduler.lanes if ln.conv is not None)
-        if action == "move":
-            e.move(lane, (lane + 1) % len(e.scheduler.lanes))
-        else:
-            e.park(lane)
+        move_or_park(e, action)
         results.append((out, run(e, [first + out + follow])[0]))
     assert results[0] == results[1]
     conv = next(c for c in spec.scheduler.cache if c.token_ids[: len(first)] == first)

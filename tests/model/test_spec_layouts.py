@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 from strata.config import EngineConfig
 from strata.engine.engine import Engine
-from strata.kv.table import chunks_for
 from strata.sampling import SamplingParams
+from tests.model.engine_runs import move_or_park, run_requests, tables_are_tight
 from tests.model.spec_oracle import OracleDrafter
 
 MAX_CONTEXT = 192
@@ -52,25 +52,8 @@ def engines(tiny_llama_dir):
 
 def run(engine: Engine, prompts: list[list[int]], params: SamplingParams = GREEDY,
         tight: bool = False) -> list[list[int]]:
-    """Greedy tokens; `tight` (pooled): after every step each table holds exactly the chunks
-    its cells need, as without drafts (rejected cells' chunks went back at once)."""
-    for request_id in list(engine.requests):
-        engine.abort(request_id)
-    ids = [engine.add_request(p, params) for p in prompts]
-    tokens = {i: [] for i in ids}
-    while engine.has_work:
-        for out in engine.step():
-            assert out.error is None and not out.truncated
-            tokens[out.request_id].extend(out.new_token_ids)
-        engine.scheduler.check()
-        prefilling = {id(s.conv) for s in engine.scheduler.seqs.values() if s.is_prefilling}
-        for conv in engine.scheduler.cache if tight else ():
-            if id(conv) in prefilling:  # holds room for its whole prompt
-                continue
-            # room for its cells, and for its next token while it decodes (as without drafts)
-            c, n = engine.layout.chunk_size, conv.table.num_cells
-            assert chunks_for(n, c) <= len(conv.table.chunk_ids) <= chunks_for(n + conv.is_active, c)
-    return [tokens[i] for i in ids]
+    """Greedy tokens; `tight`: after every step each table holds only the chunks its cells need."""
+    return run_requests(engine, prompts, params, tables_are_tight if tight else None)
 
 
 def with_oracle(engine: Engine, wrong_every: int = 3) -> OracleDrafter:
@@ -104,11 +87,7 @@ def test_follow_up_after_move_or_park_with_drafts(engines, first, follow, layout
     for e in (plain, spec):
         e.scheduler.clear_cache()
         (out,) = run(e, [first])
-        lane = next(ln.index for ln in e.scheduler.lanes if ln.conv is not None)
-        if action == "move":
-            e.move(lane, (lane + 1) % len(e.scheduler.lanes))
-        else:
-            e.park(lane)
+        move_or_park(e, action)
         second = first + out + follow
         results.append((out, run(e, [second])[0]))
         oracle.reference = [first + out, second + results[0][1]]

@@ -1,0 +1,126 @@
+"""One step through the resident ring (kv/ring.py): the copies it needs and where its pages are read.
+
+`layer_caches(i)` runs layer i's copies (pages admitted into their arena slots, streamed
+pages into staging) and returns its K and V as `RingCells`. On CUDA the copies run on a
+side stream one layer ahead (two staging buffers take turns) and the pool's copy of the
+step's new cells is written back in `finish`; on the CPU both happen in place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from strata.kv.quant import Int8Cells
+from strata.kv.residency import ResidencyPlan
+from strata.kv.ring_cells import RingCells
+
+if TYPE_CHECKING:
+    from strata.kv.ring import KVRing
+
+Cells = torch.Tensor | Int8Cells
+
+
+@dataclass(frozen=True)
+class PageMap:
+    """Where this step's pages are read: page -> virtual cell of its first cell."""
+
+    start: dict[int, int]
+    num_arena_cells: int
+
+
+def _parts(t: Cells) -> tuple[torch.Tensor, ...]:
+    return t.parts if isinstance(t, Int8Cells) else (t,)
+
+
+def _copy(dst: Cells, src: Cells, runs: Sequence[tuple[int, int, int]], non_blocking: bool) -> None:
+    """(src cell, dst cell, cells) runs from `src` into `dst`, every part (cells on dim 1)."""
+    for d, s in zip(_parts(dst), _parts(src)):
+        for src_start, dst_start, n in runs:
+            d[:, dst_start : dst_start + n].copy_(s[:, src_start : src_start + n], non_blocking=non_blocking)
+
+
+class RingStep:
+    """One step's copies and addressing; `layer_caches(i)` makes layer i's K/V readable."""
+
+    def __init__(self, ring: KVRing, pages: PageMap, admit: list, stage: list, host_write_index: torch.Tensor,
+                 write_index: torch.Tensor, plan: ResidencyPlan):
+        self.ring = ring
+        self.pages = pages
+        self.admit = admit  # (pool cell, arena cell, cells)
+        self.stage = stage  # (pool cell, staging cell, cells)
+        self.host_write_index = host_write_index  # [tokens] on the host
+        self.write_index = write_index  # [tokens] virtual cells (kv/ring_cells.py), on the host
+        in_arena = write_index < pages.num_arena_cells
+        # (rows, cells) written in the arena, and in staging (cells from its start), per device
+        split = (in_arena.nonzero().view(-1), write_index[in_arena],
+                 (~in_arena).nonzero().view(-1), write_index[~in_arena] - pages.num_arena_cells)
+        self._writes = {d: tuple(t.to(d, non_blocking=True) for t in split) for d in ring.devices}
+        self.plan = plan
+        self.writeback: list | None = [] if ring.is_accelerated else None
+        self._ready: dict[int, object] = {}  # layer -> the copy stream's event (accelerators)
+        self._stream = None
+
+    def _buffer(self, i: int) -> tuple[Cells, Cells]:
+        buffers = self.ring.staging[self.ring.layer_devices[i]]
+        return buffers[i % len(buffers)]
+
+    def _issue(self, i: int, non_blocking: bool) -> None:
+        r = self.ring
+        k_stage, v_stage = self._buffer(i)
+        _copy(r.arena_k[i], r.host.k[i], self.admit, non_blocking)
+        _copy(r.arena_v[i], r.host.v[i], self.admit, non_blocking)
+        _copy(k_stage, r.host.k[i], self.stage, non_blocking)
+        _copy(v_stage, r.host.v[i], self.stage, non_blocking)
+
+    def layer_caches(self, i: int) -> tuple[RingCells, RingCells]:
+        r = self.ring
+        dev = r.layer_devices[i]
+        if dev.type == "cuda":
+            self._cuda_copies(i, dev)
+        else:
+            self._issue(i, non_blocking=False)
+        k_stage, v_stage = self._buffer(i)
+        index, writes = self.host_write_index, self._writes[dev]
+        return (RingCells(r.arena_k[i], k_stage, r.host.k[i], index, writes, self.writeback),
+                RingCells(r.arena_v[i], v_stage, r.host.v[i], index, writes, self.writeback))
+
+    def _cuda_copies(self, i: int, dev: torch.device) -> None:
+        """Layer i's copies were issued on the side stream while layer i-1 ran (or are issued now);
+        the compute stream waits for them, then layer i+1's are issued behind layer i-1's reads."""
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(dev)
+        compute = torch.cuda.current_stream(dev)
+        if i not in self._ready:
+            self._issue_async(i, compute)
+        compute.wait_event(self._ready.pop(i))
+        j = i + 1
+        if j < len(self.ring.layer_devices) and self.ring.layer_devices[j] == dev:
+            self._issue_async(j, compute)
+
+    def _issue_async(self, i: int, compute) -> None:
+        done_before = torch.cuda.Event()
+        done_before.record(compute)  # every read of the buffer layer i reuses was queued before this
+        with torch.cuda.stream(self._stream):
+            self._stream.wait_event(done_before)
+            self._issue(i, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record(self._stream)
+        self._ready[i] = ready
+
+    def finish(self) -> None:
+        """The pool holds every cell the step wrote (accelerators write it back here)."""
+        if not self.writeback:
+            return
+        for dev in self.ring.devices:
+            if dev.type == "cuda":
+                torch.cuda.current_stream(dev).synchronize()
+        for host, index, x in self.writeback:
+            if isinstance(host, Int8Cells):
+                host.write(index, x)
+            else:
+                host.index_copy_(1, index, x.to(host.dtype))
+        self.writeback.clear()
