@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 import torch
 
-from strata.kv.quant import Int8Cells
 from strata.models.cell_reads import Cache, DecodeRead, PrefillRead
 
 
