@@ -35,7 +35,7 @@ from strata.loader.build import TORCH_DTYPES
 from strata.loader.model_load import ModelLoad
 from strata.models.config import ModelConfig
 from strata.models.layers import INT4_MAX_ROWS
-from strata.runner.drafter import load_drafter
+from strata.runner.drafter import check_draft_vocab, load_drafter
 from strata.runner.runner import ModelRunner
 from strata.sampler import make_generator
 from strata.sampling import SamplingParams
@@ -82,9 +82,16 @@ class Engine:
             per_cell = kv_bytes_per_cell(config.kv_dtype, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
             kv_bytes += round_up(config.ring_budget, config.page) * per_cell
         weight_elem = torch.empty(0, dtype=TORCH_DTYPES[config.dtype]).element_size()
-        check_memory(
-            MemoryPlan(num_weight_params(cfg) * weight_elem, kv_bytes), config.memory_guard_mib, config.is_pooled
-        )
+        weight_bytes = num_weight_params(cfg) * weight_elem
+        draft_load = None
+        if config.spec == "draft":  # its weights, and its K/V in every chunk of the pool
+            draft_load = ModelLoad(config.draft_model, config.dtype, config.weights, config.devices)
+            check_draft_vocab(draft_load, config.draft_model, cfg.vocab_size)  # before anything is allocated
+            d = draft_load.config
+            weight_bytes += num_weight_params(d) * weight_elem
+            kv_bytes += pool.num_cells_total * kv_bytes_per_cell(config.kv_dtype, d.num_layers, d.num_kv_heads,
+                                                                 d.head_dim)
+        check_memory(MemoryPlan(weight_bytes, kv_bytes), config.memory_guard_mib, config.is_pooled)
         self.model = load.build(self.max_context, progress)
         self.ring: KVRing | None = None
         if config.kv_resident is None:
@@ -97,9 +104,8 @@ class Engine:
             self.ring = KVRing(self.kv, config.ring_sizing, config.kv_evict, config.ring_budget,
                                self.model.layer_devices)
         drafter = None
-        if config.spec == "draft":
-            drafter = load_drafter(config.draft_model, config.dtype, config.weights, config.devices, config.kv_dtype,
-                                   pool, cfg.vocab_size, self.max_context, progress)
+        if draft_load is not None:
+            drafter = load_drafter(draft_load, config.kv_dtype, pool, self.max_context, progress)
         self.runner = ModelRunner(self.model, self.kv, self.ring, drafter)
         self.scheduler = Scheduler(self.layout, config.num_lanes, self.max_context, config.prefill_chunk,
                                    config.prefill_alone, spec_k=config.spec_k if config.spec != "off" else 0,

@@ -72,14 +72,16 @@ def with_drafts(work: Sequence[LaneWork], drafts: dict[str, tuple[int, ...]]) ->
                  if w.request_id in drafts else w for w in work)
 
 
-def load_drafter(path: str, dtype: str, weights: str, devices: Sequence[str], kv_dtype: str, pool: KVPool,
-                 vocab_size: int, max_positions: int, progress: bool) -> ModelDrafter:
-    """The draft model at `path` (GGUF or HF dir), with a K/V storage slot for every chunk of `pool`."""
-    load = ModelLoad(path, dtype, weights, devices)
-    cfg = load.config
-    if cfg.vocab_size != vocab_size:
-        raise ConfigError(f"--draft-model {path}: its vocabulary has {cfg.vocab_size} tokens, the model's "
+def check_draft_vocab(load: ModelLoad, path: str, vocab_size: int) -> None:
+    """A draft model proposes token ids of the model's own vocabulary: ConfigError otherwise."""
+    if load.config.vocab_size != vocab_size:
+        raise ConfigError(f"--draft-model {path}: its vocabulary has {load.config.vocab_size} tokens, the model's "
                           f"{vocab_size}: a draft model must share the model's tokenizer")
+
+
+def load_drafter(load: ModelLoad, kv_dtype: str, pool: KVPool, max_positions: int, progress: bool) -> ModelDrafter:
+    """The draft model `load`, with a K/V storage slot for every chunk of `pool`."""
+    cfg = load.config
     model = load.build(max_positions, progress)
     kv = KVStorage(pool.num_total, pool.chunk_size, cfg.num_kv_heads, cfg.head_dim, kv_dtype, model.layer_devices)
     return ModelDrafter(model, kv)
