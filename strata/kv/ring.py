@@ -112,10 +112,6 @@ class KVRing:
             log.setLevel(logging.INFO)
 
     # ---- sizing ---------------------------------------------------------------------------
-    @property
-    def arena_bytes(self) -> int:
-        return self.num_slots * self.page * self.host.bytes_per_cell
-
     def lane_ring(self, w: LaneWork, active: set[int]) -> int:
         """The lane's ring in cells, sized once per request it serves (the rule, then the budget)."""
         lane = self.counters.lanes.get(w.lane)
@@ -156,8 +152,8 @@ class KVRing:
         stage = merge_runs([(p * self.page, i * self.page) for i, p in enumerate(plan.streamed)], self.page)
         self._ensure_staging(len(plan.streamed) * self.page)
         where = PageMap(start, arena_cells)
-        writes = [start[p[pos // self.page]] + pos % self.page
-                  for w, p in zip(work, (r.pages for r in reads)) for pos in range(w.start, w.num_cells)]
+        writes = [start[r.pages[pos // self.page]] + pos % self.page
+                  for w, r in zip(work, reads) for pos in range(w.start, w.num_cells)]
         return RingStep(self, where, admit, stage, host_write_index, torch.tensor(writes, dtype=torch.long), plan)
 
     def _count(self, work: Sequence[LaneWork], reads: Sequence[LaneReads], plan: ResidencyPlan) -> None:

@@ -68,7 +68,7 @@ class RingSizing:
         needed = round_up(prompt + max_new + self.page, self.page)
         if needed >= self.cap:
             return self.cap_cells
-        return min(self.cap_cells, round_up(max(RESIDENT_MIN, self.default_ring), self.page))
+        return self.floor_cells
 
     @property
     def cap_cells(self) -> int:
@@ -77,7 +77,8 @@ class RingSizing:
 
     @property
     def floor_cells(self) -> int:
-        """The ring a lane keeps when the budget cannot give it more."""
+        """The default ring in whole pages, never above the cap: what a shallow run keeps, and what
+        a lane keeps when the budget cannot give it more."""
         return min(self.cap_cells, round_up(max(RESIDENT_MIN, self.default_ring), self.page))
 
     def pages(self, cells: int) -> int:
