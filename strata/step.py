@@ -69,6 +69,7 @@ class StepPlan:
     admitted: tuple[Admission, ...] = ()
     refused: tuple[Refusal, ...] = ()
     truncated: tuple[str, ...] = ()  # request ids ended because the pool could not grow them
+    busy_lanes: tuple[int, ...] = ()  # lanes holding a running request, with work this step or not
 
     @property
     def is_empty(self) -> bool:

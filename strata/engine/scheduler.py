@@ -162,7 +162,8 @@ class Scheduler(Restores):
         if self.drafts is not None:  # optional work: after admissions, from free chunks only
             self.drafts.plan(self.seqs.values())
         work = build_work(self.seqs.values(), self.prefill_chunk, self.prefill_alone)
-        return StepPlan(tuple(copies), work, tuple(admitted), tuple(refused), truncated)
+        busy = tuple(sorted(s.lane for s in self.seqs.values()))
+        return StepPlan(tuple(copies), work, tuple(admitted), tuple(refused), truncated, busy)
 
     def _admit(self, request_id: str, prompt_ids: list[int], plan: AdmissionPlan,
                target_cells: int = 0) -> list[CellCopy]:

@@ -22,7 +22,7 @@ happen, so the ring's behaviour and cost are real and testable here.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -106,7 +106,6 @@ class KVRing:
                                                                               for d in self.devices}
         self.residency = Residency(self.num_slots, policy)
         self.counters = RingCounters()
-        self._active: set[int] = set()  # lanes that had work in the last step
         host.write_listeners.append(self.on_host_write)
         if log.level == logging.NOTSET:  # `KV ring adaptive: ...` reaches stderr / the server log
             log.setLevel(logging.INFO)
@@ -138,11 +137,13 @@ class KVRing:
         n = -(-w.num_cells // self.page)
         return tuple(w.chunk_ids[p // per_chunk] * per_chunk + p % per_chunk for p in range(n))
 
-    def prepare(self, work: Sequence[LaneWork], host_write_index: torch.Tensor) -> RingStep:
-        """Residency for `work` (rows in order): what to copy, and where each page is read."""
-        active = self._active | {w.lane for w in work}
+    def prepare(self, work: Sequence[LaneWork], host_write_index: torch.Tensor,
+                busy_lanes: Iterable[int] = ()) -> RingStep:
+        """Residency for `work` (rows in order): what to copy, and where each page is read.
+        `busy_lanes`: lanes serving a request, with or without work this step; their rings
+        count against the budget (a lane whose request ended gives its ring back)."""
+        active = set(busy_lanes) | {w.lane for w in work}
         reads = [LaneReads(w.lane, self.sizing.pages(self.lane_ring(w, active)), self.lane_pages(w)) for w in work]
-        self._active = {w.lane for w in work}
         plan = self.residency.plan(reads)
         self._count(work, reads, plan)
         arena_cells = self.num_slots * self.page

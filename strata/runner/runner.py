@@ -54,7 +54,7 @@ class ModelRunner:
         if self.drafter is not None and any(w.draft_slots for w in work):
             work = with_drafts(work, self.drafter.propose(work))
         inputs = build_inputs(work, self.cells)
-        logits = self._forward(inputs, inputs.logits_rows)
+        logits = self._forward(inputs, inputs.logits_rows, plan.busy_lanes)
         return self._sample(logits, inputs.sample_work, params, generators)
 
     def _sample(self, logits: torch.Tensor, work: Sequence[LaneWork], params: Mapping[str, SamplingParams],
@@ -92,11 +92,12 @@ class ModelRunner:
         inputs = build_inputs(work, self.cells)
         return self._forward(inputs, torch.arange(inputs.input_ids.numel()))
 
-    def _forward(self, inputs: StepInputs, logits_rows: torch.Tensor) -> torch.Tensor:
-        """The model over `inputs`, reading K/V from the pool or through the ring."""
+    def _forward(self, inputs: StepInputs, logits_rows: torch.Tensor, busy_lanes: Sequence[int] = ()) -> torch.Tensor:
+        """The model over `inputs`, reading K/V from the pool or through the ring (whose budget
+        counts the rings of `busy_lanes` too)."""
         kv, meta, step = self.kv, inputs.meta, None
         if self.ring is not None:
-            step = self.ring.prepare(inputs.work, inputs.meta.write_index)
+            step = self.ring.prepare(inputs.work, inputs.meta.write_index, busy_lanes)
             kv, meta = step, ring_meta(inputs.work, step)
         metas = {d: meta.to(d) for d in self.model.devices}
         positions = {d: inputs.positions.to(d, non_blocking=True) for d in self.model.devices}

@@ -176,3 +176,37 @@ def test_a_move_keeps_the_ring_when_pooled_and_refills_it_when_reserved(tiny_lla
     before = engine.ring.counters.pages_admitted
     run(engine, [first + out + list(range(60, 65))])
     assert engine.ring.counters.pages_admitted - before == admitted
+
+
+
+
+def test_an_ended_request_gives_its_ring_back_to_the_budget(tiny_llama_dir):
+    """Cap 96 cells, default ring 32, budget 96 + 32; every lane holds an idle conversation,
+    so each new request displaces the least recently used one (a lane other than the last
+    request's). A long request alone takes the cap; so does the next one alone, on another
+    lane, because the first gave its ring back when it ended. Two long ones at once: one
+    takes the cap, the other keeps the default ring, and that is the only fallback."""
+    engine = Engine(EngineConfig(model=tiny_llama_dir, dtype="float32", max_context=MAX_CONTEXT, kv_chunk=16,
+                                 batch=2, prefill_chunk=13, kv_resident=96, kv_page=PAGE, kv_ring_default=32,
+                                 kv_ring_adapt=True, kv_ring_budget=96 + 32, devices=(DEVICE,)), progress=False)
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    lanes = engine.ring.counters.lanes
+
+    def long(request_id: str, start: int) -> None:
+        engine.add_request(list(range(start, start + 80)), params, request_id)
+
+    for i in range(3):
+        engine.add_request([7 + i, 8, 9], SamplingParams(temperature=0, max_tokens=2), f"short-{i}")
+    engine.run_until_done()
+    long("a", 100)
+    engine.run_until_done()
+    long("b", 200)
+    engine.run_until_done()
+    ring_of = {r.request_id: (lane, r.ring_cells) for lane, r in lanes.items()}
+    assert ring_of["a"][0] != ring_of["b"][0] and ring_of["a"][1] == ring_of["b"][1] == 96
+    assert engine.ring.counters.budget_fallbacks == 0
+    long("c", 300)
+    long("d", 400)
+    engine.run_until_done()
+    assert sorted(r.ring_cells for r in lanes.values() if r.request_id in ("c", "d")) == [32, 96]
+    assert engine.ring.counters.budget_fallbacks == 1
