@@ -12,6 +12,7 @@ import time
 from strata.engine_args import add_engine_args, engine_config
 from strata.errors import ConfigError, RequestError, StrataError
 from strata.chat.cli import add_chat_parser
+from strata.cluster.cli import add_cluster_parser
 from strata.server.cli import add_serve_parser
 from strata.session_cli import add_session_parser
 
@@ -140,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_generate)
     add_chat_parser(sub)
     add_serve_parser(sub)
+    add_cluster_parser(sub)
     add_session_parser(sub)
     return p
 

@@ -43,6 +43,14 @@ UVICORN_LIMIT_FACTOR = 2
 
 def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     s = subparsers.add_parser("serve", help="serve an OpenAI-compatible HTTP API")
+    add_server_args(s)
+    add_engine_args(s, default_batch=SERVE_DEFAULT_BATCH, default_prefill_chunk=SERVE_DEFAULT_PREFILL_CHUNK,
+                    default_prefill_alone=SERVE_DEFAULT_PREFILL_ALONE)
+    s.set_defaults(func=cmd_serve)
+
+
+def add_server_args(s: argparse.ArgumentParser) -> None:
+    """The HTTP server's flags (`strata serve`, and `strata cluster`'s front door)."""
     g = s.add_argument_group("server")
     g.add_argument(
         "--host",
@@ -111,9 +119,6 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
         help="the directory POST /slots/{id}?action=save|restore keeps session files in "
         "(file names only, confined to DIR); absent, those actions answer 403",
     )
-    add_engine_args(s, default_batch=SERVE_DEFAULT_BATCH, default_prefill_chunk=SERVE_DEFAULT_PREFILL_CHUNK,
-                    default_prefill_alone=SERVE_DEFAULT_PREFILL_ALONE)
-    s.set_defaults(func=cmd_serve)
 
 
 def _is_loopback(host: str) -> bool:

@@ -1,0 +1,1 @@
+"""strata on Ray Serve: engine replicas behind one front door, routed by what each holds."""

@@ -1,0 +1,62 @@
+"""`strata cluster`: strata replicas on Ray Serve behind one OpenAI-compatible front door."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from strata.cluster.keys import DEFAULT_ROUTE_BLOCK
+from strata.engine_args import add_engine_args, engine_config
+from strata.server.cli import (
+    SERVE_DEFAULT_BATCH,
+    SERVE_DEFAULT_PREFILL_ALONE,
+    SERVE_DEFAULT_PREFILL_CHUNK,
+    add_server_args,
+    server_settings,
+)
+from strata.server.settings import model_id
+
+
+def add_cluster_parser(subparsers: argparse._SubParsersAction) -> None:
+    c = subparsers.add_parser("cluster", help="serve with several strata replicas on Ray Serve")
+    g = c.add_argument_group("cluster")
+    g.add_argument("--replicas", type=int, default=2, help="strata engines (Serve replicas) to run (default 2)")
+    g.add_argument("--max-replicas", type=int, default=None,
+                   help="autoscale between --replicas and this many on queued requests")
+    g.add_argument("--ray", default=None, metavar="ADDRESS",
+                   help="a running Ray cluster to join (ray://host:port or auto); default: start one here")
+    g.add_argument("--replica-cpus", type=float, default=1.0, help="CPUs Ray reserves per replica (default 1)")
+    g.add_argument("--route-block", type=int, default=DEFAULT_ROUTE_BLOCK,
+                   help=f"tokens per prefix key the router matches (default {DEFAULT_ROUTE_BLOCK})")
+    g.add_argument("--route-policy", choices=("strata", "round_robin"), default="strata",
+                   help="strata: by cached prefix, free K/V, then load (default); round_robin: a baseline")
+    add_server_args(c)
+    add_engine_args(c, default_batch=SERVE_DEFAULT_BATCH, default_prefill_chunk=SERVE_DEFAULT_PREFILL_CHUNK,
+                    default_prefill_alone=SERVE_DEFAULT_PREFILL_ALONE)
+    c.set_defaults(func=cmd_cluster)
+
+
+def cmd_cluster(args: argparse.Namespace) -> int:
+    from strata.cluster.app import ClusterSpec, build_app
+
+    config = engine_config(args)  # bad flags fail before Ray starts
+    settings = server_settings(args, os.environ)
+    try:
+        spec = ClusterSpec(config, settings, model_id(config.model, settings.model_alias), args.replicas,
+                           args.max_replicas, args.replica_cpus, args.route_block, args.route_policy)
+    except ValueError as exc:
+        print(f"strata: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        import ray
+        from ray import serve
+    except ImportError:
+        print("strata: error: strata cluster needs Ray Serve: pip install 'strata[cluster]'", file=sys.stderr)
+        return 2
+    ray.init(address=args.ray, include_dashboard=False, logging_level="WARNING")
+    serve.start(http_options={"host": settings.host, "port": settings.port})
+    print(f"strata: cluster of {spec.replicas} replicas serving {spec.model_id} at "
+          f"http://{settings.host}:{settings.port}/v1", file=sys.stderr)
+    serve.run(build_app(spec), name="strata", route_prefix="/", blocking=True)
+    return 0

@@ -1,0 +1,148 @@
+"""The cluster's front door: one HTTP endpoint, requests forwarded to strata replicas.
+
+It reads just enough of a request to route it: the prompt's token ids (through the same
+request models and chat template as `strata serve`, so the keys are the ones the
+replica's engine will hold), their prefix keys, and the cells the turn adds. Anything it
+cannot read is forwarded as is: the replica's app answers it, errors included. Headers
+added to every answer: `x-strata-replica` (who served it), `x-strata-route` (why), and
+`x-strata-migrated-tokens` when the prompt's prefix came from another replica.
+
+A replica that dies ends only the requests it was serving: before the answer started,
+a 503 `replica_failed` with Retry-After (clients retry it); mid-stream, an SSE error
+event in the route's shape. GET /metrics is the front door's own (routing); with an
+`x-strata-replica` header, any request goes to that replica (its /metrics, /slots).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from strata.cluster.forward import ForwardedRequest, ResponseStart
+from strata.cluster.keys import prefix_keys
+from strata.server.anthropic.errors import anthropic_status, error_event_payload, is_messages_route
+from strata.server.errors import NotReady, error_body, error_response
+from strata.server.params import ModelInfo
+
+log = logging.getLogger("strata.cluster")
+PIN_HEADER = "x-strata-replica"
+PROMPT_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/messages")
+
+
+def replica_failed() -> NotReady:
+    return NotReady("the replica serving this request failed; retry it", code="replica_failed", retry_after=1)
+
+
+class FrontMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("strata_cluster_requests", "requests forwarded, by replica and routing reason",
+                                ["replica", "route"], registry=self.registry)
+        self.migrated = Counter("strata_cluster_migrated_tokens", "prompt tokens whose K/V came from another replica",
+                                registry=self.registry)
+        self.migrations = Counter("strata_cluster_migrations", "turns that pulled their prefix from another replica",
+                                  registry=self.registry)
+        self.failures = Counter("strata_cluster_replica_failures", "requests a failing replica ended",
+                                registry=self.registry)
+
+
+def routing_fields(req: ForwardedRequest, info: ModelInfo, block: int) -> None:
+    """Fills `req`'s prompt ids, prefix keys and cells when it is a readable generation request."""
+    from strata.server.anthropic.params import prompt_ids as messages_prompt_ids
+    from strata.server.anthropic.requests import MessagesRequest
+    from strata.server.params import chat_job, completion_job
+    from strata.server.requests import ChatCompletionRequest, CompletionRequest
+
+    if req.method != "POST" or req.path not in PROMPT_PATHS:
+        return
+    try:
+        body = json.loads(req.body)
+        if req.path == "/v1/messages":
+            m = MessagesRequest.model_validate(body)
+            ids, max_tokens = messages_prompt_ids(m, info), m.max_tokens
+        else:
+            job = (chat_job(ChatCompletionRequest.model_validate(body), info) if req.path == "/v1/chat/completions"
+                   else completion_job(CompletionRequest.model_validate(body), info))
+            ids, max_tokens = job.prompt_ids, job.params.max_tokens
+    except Exception:  # noqa: BLE001 - the replica answers it with the proper error
+        return
+    req.prompt_ids = list(ids)
+    req.prefix_keys = prefix_keys(req.prompt_ids, block)
+    req.num_new_cells = len(ids) + (max_tokens if max_tokens is not None else 0) + 1
+
+
+class FrontDoor:
+    """Serve's ingress deployment (see app.py): `__call__` takes every HTTP request."""
+
+    def __init__(self, replicas, model_path: str | None, model_id: str, block: int, api_key: str | None):
+        from strata.loader import open_model
+
+        source = open_model(model_path)
+        self.info = ModelInfo(model_id, source.tokenizer, 1 << 30, source.config.vocab_size, source.fingerprint)
+        self.replicas = replicas
+        self.block = block
+        self.api_key = api_key
+        self.metrics = FrontMetrics()
+
+    async def __call__(self, request: Request) -> Response:
+        body = await request.body()
+        pin = request.headers.get(PIN_HEADER)
+        if request.url.path == "/metrics" and pin is None:
+            return Response(generate_latest(self.metrics.registry), media_type="text/plain; version=0.0.4")
+        req = ForwardedRequest(request.method, request.url.path, request.url.query.encode(),
+                               list(request.headers.raw), body, pin=pin)
+        if self.api_key is None or request.headers.get("authorization") == f"Bearer {self.api_key}" \
+                or request.headers.get("x-api-key") == self.api_key:
+            routing_fields(req, self.info, self.block)  # unauthenticated requests cost no tokenizing
+        gen = self.replicas.options(stream=True).forward.remote(req)
+        try:
+            start: ResponseStart = await gen.__anext__()
+        except StopAsyncIteration:
+            return self._failed(req.path)
+        except Exception as exc:  # noqa: BLE001 - the replica died or became unreachable
+            log.warning("replica failed before answering %s: %s", req.path, exc)
+            return self._failed(req.path)
+        self.metrics.requests.labels(start.replica, req.route).inc()
+        if start.migrated_tokens:
+            self.metrics.migrations.inc()
+            self.metrics.migrated.inc(start.migrated_tokens)
+        headers = dict((k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in start.headers)
+        if headers.get("content-type", "").startswith("text/event-stream"):
+            response = StreamingResponse(self._stream(gen, req.path), status_code=start.status)
+            response.raw_headers = [(k, v) for k, v in start.headers if k.lower() != b"content-length"]
+            return response
+        try:
+            content = b"".join([piece async for piece in gen])
+        except Exception as exc:  # noqa: BLE001
+            log.warning("replica %s failed while answering %s: %s", start.replica, req.path, exc)
+            return self._failed(req.path)
+        response = Response(content, status_code=start.status)
+        response.raw_headers = start.headers
+        return response
+
+    async def _stream(self, gen, path: str) -> AsyncIterator[bytes]:
+        try:
+            async for piece in gen:
+                yield piece
+        except Exception as exc:  # noqa: BLE001 - mid-stream: an error event ends this stream only
+            log.warning("replica failed mid-stream on %s: %s", path, exc)
+            self.metrics.failures.inc()
+            if is_messages_route(path):
+                yield f"event: error\ndata: {json.dumps(error_event_payload(replica_failed()))}\n\n".encode()
+            else:
+                yield f"data: {json.dumps({'error': error_body(replica_failed())})}\n\n".encode()
+        finally:
+            gen.cancel()  # a client that left: the replica's app sees the disconnect
+
+    def _failed(self, path: str) -> Response:
+        self.metrics.failures.inc()
+        response = error_response(replica_failed())
+        if is_messages_route(path):
+            return JSONResponse(error_event_payload(replica_failed()), status_code=anthropic_status(503),
+                                headers={"Retry-After": "1"})
+        return response
