@@ -109,7 +109,7 @@ class StrataRouter(RequestRouter):
         room = [r for r in replicas if not self._overloaded(r, least)] or replicas
         most = max(self._free(r) for r in room)
         best = [r for r in room if most - self._free(r) < max(req.num_new_cells, 1)]
-        req.route = "free_cells" if len(best) < len(room) else "pow2"
+        req.route = "free_cells"
         return [self._two(best), self._two(replicas)]
 
     def _two(self, replicas: list[RunningReplica]) -> list[RunningReplica]:

@@ -1,0 +1,184 @@
+"""`strata cluster` end to end: a local Ray cluster of two logical nodes on loopback, two
+strata replicas of a tiny float32 model with one thread each, the real `openai` client.
+
+A follow-up goes to the replica holding its conversation and reports `cached_tokens`;
+when that replica is overloaded the turn goes elsewhere and pulls the conversation's K/V
+from it (a migration), with the same greedy output as the turn run where it was; a burst
+of new conversations spreads over both replicas; requests the front door cannot read are
+answered by a replica exactly as by `strata serve`; a replica killed mid-stream ends only
+its own stream, with a retryable error. Routing stats reach the router every 0.5 s, so
+the tests wait `SETTLE_S` after a turn before sending the next one (a wait, never a timing
+assertion).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+ray = pytest.importorskip("ray")
+serve = pytest.importorskip("ray.serve")
+openai = pytest.importorskip("openai")
+
+from strata.cluster.app import ClusterSpec, build_app  # noqa: E402
+from strata.config import EngineConfig  # noqa: E402
+from strata.server.settings import ServerSettings  # noqa: E402
+
+SETTLE_S = 2.0
+MODEL = "tiny"
+LANES = 3  # --batch 2
+
+
+@dataclass
+class Cluster:
+    base_url: str
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.base_url}/v1", api_key="none", max_retries=0, timeout=120)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def cluster(tiny_llama_dir) -> Iterator[Cluster]:
+    from ray.cluster_utils import Cluster as RayCluster
+
+    nodes = RayCluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
+    nodes.add_node(num_cpus=2)
+    ray.init(address=nodes.address, log_to_driver=False)
+    port = _free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    config = EngineConfig(model=tiny_llama_dir, dtype="float32", max_context=512, batch=LANES - 1, kv_chunk=16,
+                          kv_pool_tokens=2048, threads=1, prefill_chunk=64)
+    spec = ClusterSpec(config, ServerSettings(model_alias=MODEL, port=port), MODEL, replicas=2, replica_cpus=1)
+    serve.run(build_app(spec), name="strata", route_prefix="/")
+    try:
+        yield Cluster(f"http://127.0.0.1:{port}")
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+        nodes.shutdown()
+
+
+def chat(c: Cluster, messages: list[dict], max_tokens: int = 12, **headers) -> tuple[str, dict, object]:
+    raw = c.client().chat.completions.with_raw_response.create(
+        model=MODEL, messages=messages, max_tokens=max_tokens, temperature=0, extra_headers=headers or None,
+        extra_body={"ignore_eos": True})
+    done = raw.parse()
+    return done.choices[0].message.content, raw.headers, done.usage
+
+
+SYSTEM = "You are a careful assistant who answers in full sentences. " * 6
+
+
+def test_a_follow_up_goes_to_its_owner_and_reports_cached_tokens(cluster):
+    first = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Name three rivers."}]
+    text, headers, usage = chat(cluster, first)
+    owner = headers["x-strata-replica"]
+    time.sleep(SETTLE_S)
+    follow = first + [{"role": "assistant", "content": text}, {"role": "user", "content": "And three lakes?"}]
+    _, headers, usage = chat(cluster, follow)
+    assert headers["x-strata-replica"] == owner and headers["x-strata-route"] == "prefix"
+    assert usage.prompt_tokens_details.cached_tokens >= usage.prompt_tokens - 32
+
+
+def _block(c: Cluster, replica: str, start: int) -> httpx.Response:
+    """A long greedy stream pinned to `replica` (it holds a lane while it runs)."""
+    body = {"model": MODEL, "prompt": list(range(start, start + 10)), "max_tokens": 480, "temperature": 0,
+            "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{c.base_url}/v1/completions", json=body, headers={"x-strata-replica": replica},
+                      timeout=120) as r:
+        assert r.status_code == 200 and r.headers["x-strata-replica"] == replica
+        return r.read()
+
+
+def test_an_overloaded_owner_hands_its_conversation_over(cluster):
+    first = [{"role": "user", "content": "Tell me about the sea and the ships that sail on it. " * 4}]
+    text, headers, _ = chat(cluster, first)
+    owner = headers["x-strata-replica"]
+    follow = first + [{"role": "assistant", "content": text}, {"role": "user", "content": "More, please."}]
+    time.sleep(SETTLE_S)
+    with concurrent.futures.ThreadPoolExecutor(LANES) as pool:
+        blockers = [pool.submit(_block, cluster, owner, 1000 + 100 * i) for i in range(LANES)]
+        time.sleep(SETTLE_S)  # every lane of the owner decodes a long stream
+        migrated_text, headers, usage = chat(cluster, follow)
+        for b in blockers:
+            b.result()
+    assert headers["x-strata-replica"] != owner and headers["x-strata-route"] == "free_cells"
+    moved = int(headers["x-strata-migrated-tokens"])
+    assert moved > 0 and usage.prompt_tokens_details.cached_tokens >= moved - 1
+    time.sleep(SETTLE_S)
+    unmigrated_text, headers, _ = chat(cluster, follow, **{"x-strata-replica": owner})
+    assert headers["x-strata-replica"] == owner
+    assert migrated_text == unmigrated_text
+    metrics = httpx.get(f"{cluster.base_url}/metrics").text
+    assert "strata_cluster_migrations_total 1.0" in metrics
+
+
+def test_a_burst_of_new_conversations_spreads(cluster):
+    prompts = [f"Conversation {i}: " + "tell me a story about a number " * 8 + str(i) for i in range(8)]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        served = list(pool.map(lambda p: chat(cluster, [{"role": "user", "content": p}], 4)[1]["x-strata-replica"],
+                               prompts))
+    counts = sorted(served.count(r) for r in set(served))
+    assert len(counts) == 2 and counts[0] >= 2, served
+
+
+def test_the_front_door_answers_as_strata_serve(cluster):
+    c = cluster.client()
+    assert [m.id for m in c.models.list().data] == [MODEL]
+    with pytest.raises(openai.BadRequestError) as err:
+        c.completions.create(model=MODEL, prompt="hi", max_tokens=4, temperature=-1)
+    assert err.value.body["param"] == "temperature" and "x-strata-replica" in err.value.response.headers
+    with pytest.raises(openai.NotFoundError):
+        c.completions.create(model="other", prompt="hi", max_tokens=4)
+    pieces = [ch.choices[0].text for ch in c.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=6,
+                                                                  temperature=0, stream=True,
+                                                                  extra_body={"ignore_eos": True})]
+    whole = c.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=6, temperature=0,
+                                 extra_body={"ignore_eos": True}).choices[0].text
+    assert "".join(pieces) == whole
+
+
+def test_a_replica_killed_mid_stream_ends_only_its_own_stream(cluster):
+    """Last in this module: the killed replica is replaced by Serve afterwards."""
+    body = {"model": MODEL, "prompt": "Count with me:", "max_tokens": 480, "temperature": 0, "ignore_eos": True,
+            "stream": True}
+    with httpx.stream("POST", f"{cluster.base_url}/v1/completions", json=body, timeout=120) as r:
+        victim = r.headers["x-strata-replica"]
+        other = next(n for n in _replica_ids() if n != victim)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            survivor = pool.submit(_block, cluster, other, 3000)
+            events = []
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line[6:])
+                    if len(events) == 3:
+                        ray.kill(ray.get_actor(_actor_name(victim), namespace="serve"), no_restart=True)
+            assert survivor.result()  # the other replica's stream ran to its end
+    error = json.loads(events[-1])["error"]
+    assert error["code"] == "replica_failed" and error["type"] == "unavailable_error" and error["retry_after"] >= 1
+
+
+def _replica_ids() -> list[str]:
+    return [_id_of(a["name"]) for a in ray.util.list_named_actors(all_namespaces=True)
+            if a["name"].startswith("SERVE_REPLICA::strata#strata-replica#")]
+
+
+def _id_of(name: str) -> str:
+    return name.rsplit("#", 1)[1]
+
+
+def _actor_name(replica_id: str) -> str:
+    return f"SERVE_REPLICA::strata#strata-replica#{replica_id}"
