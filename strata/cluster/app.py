@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from strata.cluster.keys import DEFAULT_ROUTE_BLOCK
 from strata.config import EngineConfig
+from strata.errors import ConfigError
 from strata.server.settings import ServerSettings
 
 REPLICA_DEPLOYMENT = "strata-replica"
@@ -27,28 +28,32 @@ class ClusterSpec:
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
-            raise ValueError(f"--replicas must be at least 1, got {self.replicas}")
+            raise ConfigError(f"--replicas must be at least 1, got {self.replicas}")
         if self.max_replicas is not None and self.max_replicas < self.replicas:
-            raise ValueError(f"--max-replicas {self.max_replicas} is below --replicas {self.replicas}")
+            raise ConfigError(f"--max-replicas {self.max_replicas} is below --replicas {self.replicas}")
+        if not self.replica_cpus >= 0:
+            raise ConfigError(f"--replica-cpus must be at least 0, got {self.replica_cpus}")
         if self.block < 1:
-            raise ValueError(f"--route-block must be positive, got {self.block}")
+            raise ConfigError(f"--route-block must be positive, got {self.block}")
 
 
 def build_app(spec: ClusterSpec):
     """The Serve application (`serve.run(build_app(spec))`)."""
     from ray import serve
-    from ray.serve.config import AutoscalingConfig, RequestRouterConfig
+    from ray.serve.config import AutoscalingConfig, AutoscalingPolicy, RequestRouterConfig
 
     from strata.cluster.front import FrontDoor
     from strata.cluster.replica import StrataReplica
     from strata.cluster.router import StrataRouter
+    from strata.cluster.scaling import queue_and_pool_policy
 
     lanes = spec.config.num_lanes
     scale: dict = {"num_replicas": spec.replicas}
     if spec.max_replicas is not None and spec.max_replicas > spec.replicas:
-        # Scale out when requests wait for lanes; in when lanes idle.
-        scale = {"autoscaling_config": AutoscalingConfig(min_replicas=spec.replicas, max_replicas=spec.max_replicas,
-                                                         target_ongoing_requests=lanes)}
+        # Out when requests wait for lanes or pools fill with running requests; in when idle.
+        scale = {"autoscaling_config": AutoscalingConfig(
+            min_replicas=spec.replicas, max_replicas=spec.max_replicas, target_ongoing_requests=lanes,
+            policy=AutoscalingPolicy(policy_function=queue_and_pool_policy))}
     replica = serve.deployment(
         StrataReplica,
         name=REPLICA_DEPLOYMENT,
@@ -66,4 +71,4 @@ def build_app(spec: ClusterSpec):
     front = serve.deployment(FrontDoor, name=FRONT_DEPLOYMENT, num_replicas=1, max_ongoing_requests=10_000,
                              ray_actor_options={"num_cpus": 0})
     return front.bind(replica.bind(spec.config, spec.settings, spec.model_id, spec.block), spec.config.model,
-                      spec.model_id, spec.block, spec.settings.api_key)
+                      spec.model_id, spec.block, spec.settings.api_key, spec.settings.max_body_bytes)

@@ -42,12 +42,8 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
     config = engine_config(args)  # bad flags fail before Ray starts
     settings = server_settings(args, os.environ)
-    try:
-        spec = ClusterSpec(config, settings, model_id(config.model, settings.model_alias), args.replicas,
-                           args.max_replicas, args.replica_cpus, args.route_block, args.route_policy)
-    except ValueError as exc:
-        print(f"strata: error: {exc}", file=sys.stderr)
-        return 2
+    spec = ClusterSpec(config, settings, model_id(config.model, settings.model_alias), args.replicas,
+                       args.max_replicas, args.replica_cpus, args.route_block, args.route_policy)
     try:
         import ray
         from ray import serve

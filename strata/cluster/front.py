@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from strata.cluster.forward import ForwardedRequest, ResponseStart
 from strata.cluster.keys import prefix_keys
 from strata.server.anthropic.errors import anthropic_status, error_event_payload, is_messages_route
-from strata.server.errors import NotReady, error_body, error_response
+from strata.server.errors import BodyTooLarge, NotReady, error_body, error_response
 from strata.server.params import ModelInfo
 
 log = logging.getLogger("strata.cluster")
@@ -79,7 +79,8 @@ def routing_fields(req: ForwardedRequest, info: ModelInfo, block: int) -> None:
 class FrontDoor:
     """Serve's ingress deployment (see app.py): `__call__` takes every HTTP request."""
 
-    def __init__(self, replicas, model_path: str | None, model_id: str, block: int, api_key: str | None):
+    def __init__(self, replicas, model_path: str | None, model_id: str, block: int, api_key: str | None,
+                 max_body_bytes: int):
         from strata.loader import open_model
 
         source = open_model(model_path)
@@ -87,10 +88,16 @@ class FrontDoor:
         self.replicas = replicas
         self.block = block
         self.api_key = api_key
+        self.max_body_bytes = max_body_bytes
         self.metrics = FrontMetrics()
 
     async def __call__(self, request: Request) -> Response:
-        body = await request.body()
+        body = bytearray()
+        async for piece in request.stream():  # never more than --max-body-bytes held here
+            body += piece
+            if len(body) > self.max_body_bytes:
+                return error_response(BodyTooLarge(self.max_body_bytes))
+        body = bytes(body)
         pin = request.headers.get(PIN_HEADER)
         if request.url.path == "/metrics" and pin is None:
             return Response(generate_latest(self.metrics.registry), media_type="text/plain; version=0.0.4")

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from strata.cluster.forward import ForwardedRequest, ResponseStart, run_asgi
 from strata.cluster.keys import KeyCache, matched_tokens
+from strata.cluster.scaling import OCCUPANCY
 from strata.config import EngineConfig
 from strata.errors import StrataError
 from strata.server.settings import ServerSettings
@@ -154,6 +155,13 @@ class StrataReplica:
             "waiting": snap.num_queued,
             "migrations": self.num_migrations,
         }
+
+    async def record_autoscaling_stats(self) -> dict[str, float]:
+        """Serve's autoscaling hook (scaling.py): the pool's share held by running requests."""
+        snap = self.state.loop.snapshot
+        if snap is None or snap.pool.num_chunks_total == 0:
+            return {OCCUPANCY: 0.0}
+        return {OCCUPANCY: snap.num_chunks_active / snap.pool.num_chunks_total}
 
     async def check_health(self) -> None:
         """Serve's health check: a replica whose model failed to load is replaced."""

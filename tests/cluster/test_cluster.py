@@ -34,6 +34,7 @@ from strata.server.settings import ServerSettings  # noqa: E402
 SETTLE_S = 2.0
 MODEL = "tiny"
 LANES = 3  # --batch 2
+BODY_LIMIT = 64 * 1024
 
 
 @dataclass
@@ -61,7 +62,7 @@ def cluster(tiny_llama_dir) -> Iterator[Cluster]:
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     config = EngineConfig(model=tiny_llama_dir, dtype="float32", max_context=512, batch=LANES - 1, kv_chunk=16,
                           kv_pool_tokens=2048, threads=1, prefill_chunk=64)
-    spec = ClusterSpec(config, ServerSettings(model_alias=MODEL, port=port), MODEL, replicas=2, replica_cpus=1)
+    spec = ClusterSpec(config, ServerSettings(model_alias=MODEL, port=port, max_body_bytes=BODY_LIMIT), MODEL, replicas=2, replica_cpus=1)
     serve.run(build_app(spec), name="strata", route_prefix="/")
     try:
         yield Cluster(f"http://127.0.0.1:{port}")
@@ -143,6 +144,9 @@ def test_the_front_door_answers_as_strata_serve(cluster):
     assert err.value.body["param"] == "temperature" and "x-strata-replica" in err.value.response.headers
     with pytest.raises(openai.NotFoundError):
         c.completions.create(model="other", prompt="hi", max_tokens=4)
+    big = httpx.post(f"{cluster.base_url}/v1/completions", content=b"x" * (BODY_LIMIT + 1),
+                     headers={"content-type": "application/json"})
+    assert big.status_code == 413 and big.json()["error"]["code"] == "request_too_large"
     pieces = [ch.choices[0].text for ch in c.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=6,
                                                                   temperature=0, stream=True,
                                                                   extra_body={"ignore_eos": True})]
