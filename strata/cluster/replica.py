@@ -21,7 +21,8 @@ from strata.cluster.forward import ForwardedRequest, ResponseStart, run_asgi
 from strata.cluster.keys import KeyCache, matched_tokens
 from strata.cluster.scaling import OCCUPANCY
 from strata.config import EngineConfig
-from strata.errors import StrataError
+from strata.engine.prefix_index import common_prefix_len
+from strata.errors import RequestError, StrataError
 from strata.server.settings import ServerSettings
 
 log = logging.getLogger("strata.cluster")
@@ -88,8 +89,18 @@ class StrataReplica:
 
         fd, path = tempfile.mkstemp(prefix="strata-migrate-", suffix=".session")
         os.close(fd)
+
+        def save(engine):
+            # The idle conversation sharing most with the prompt (a running one cannot be
+            # saved); at equal depth the engine's prefix lookup prefers it to running ones.
+            n = max((common_prefix_len(c.token_ids, req.token_ids) for c in engine.scheduler.cache
+                     if not c.is_active), default=0)
+            if n == 0:
+                raise RequestError("no idle conversation shares a prefix", code="session_not_found")
+            return save_session(engine, path, token_ids=req.token_ids[:n])
+
         try:
-            saved = await self.state.loop.call(lambda e: save_session(e, path, token_ids=req.token_ids))
+            saved = await self.state.loop.call(save)
             with open(path, "rb") as f:
                 return Exported(f.read(), saved.num_cells)
         except StrataError as exc:  # busy (a request extends it), gone, or not ready

@@ -113,7 +113,9 @@ class StrataRouter(RequestRouter):
         return [self._two(best), self._two(replicas)]
 
     def _two(self, replicas: list[RunningReplica]) -> list[RunningReplica]:
-        return random.sample(replicas, 2) if len(replicas) > 2 else list(replicas)
+        """Two at random (Serve probes both and takes the shorter queue; on equal queues the
+        first, so the order is random too)."""
+        return random.sample(replicas, min(2, len(replicas)))
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
         req = pending_request.args[0] if pending_request.args else None
