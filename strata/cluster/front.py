@@ -15,40 +15,30 @@ event in the route's shape. GET /metrics is the front door's own (routing); with
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
 
-from prometheus_client import CollectorRegistry, Counter, generate_latest
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from strata.cluster.forward import ForwardedRequest, ResponseStart
 from strata.cluster.keys import prefix_keys
+from strata.cluster.metrics import FrontMetrics
 from strata.server.anthropic.errors import anthropic_status, error_event_payload, is_messages_route
+from strata.errors import RequestError
 from strata.server.errors import BodyTooLarge, NotReady, error_body, error_response
 from strata.server.params import ModelInfo
 
 log = logging.getLogger("strata.cluster")
 PIN_HEADER = "x-strata-replica"
+METRICS_TIMEOUT_S = 10.0  # per replica, for the front door's /metrics
 PROMPT_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/messages")
 
 
 def replica_failed() -> NotReady:
     return NotReady("the replica serving this request failed; retry it", code="replica_failed", retry_after=1)
-
-
-class FrontMetrics:
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        self.requests = Counter("strata_cluster_requests", "requests forwarded, by replica and routing reason",
-                                ["replica", "route"], registry=self.registry)
-        self.migrated = Counter("strata_cluster_migrated_tokens", "prompt tokens whose K/V came from another replica",
-                                registry=self.registry)
-        self.migrations = Counter("strata_cluster_migrations", "turns that pulled their prefix from another replica",
-                                  registry=self.registry)
-        self.failures = Counter("strata_cluster_replica_failures", "requests a failing replica ended",
-                                registry=self.registry)
 
 
 def routing_fields(req: ForwardedRequest, info: ModelInfo, block: int) -> None:
@@ -100,7 +90,11 @@ class FrontDoor:
         body = bytes(body)
         pin = request.headers.get(PIN_HEADER)
         if request.url.path == "/metrics" and pin is None:
-            return Response(generate_latest(self.metrics.registry), media_type="text/plain; version=0.0.4")
+            return Response(self.metrics.render(await self._replica_metrics(request)),
+                            media_type="text/plain; version=0.0.4")
+        if pin is not None and pin not in await self._replica_ids():
+            return error_response(RequestError(f"no replica {pin!r} in this cluster", code="replica_not_found",
+                                               param=PIN_HEADER))
         req = ForwardedRequest(request.method, request.url.path, request.url.query.encode(),
                                list(request.headers.raw), body, pin=pin)
         if self.api_key is None or request.headers.get("authorization") == f"Bearer {self.api_key}" \
@@ -131,6 +125,34 @@ class FrontDoor:
         response = Response(content, status_code=start.status)
         response.raw_headers = start.headers
         return response
+
+    async def _replica_ids(self) -> list[str]:
+        """The replicas Ray knows by name (a GCS call, off the event loop)."""
+        import ray
+
+        prefix = f"SERVE_REPLICA::{self.replicas.app_name}#{self.replicas.deployment_name}#"
+        actors = await asyncio.to_thread(ray.util.list_named_actors, all_namespaces=True)
+        return [a["name"][len(prefix):] for a in actors if a["name"].startswith(prefix)]
+
+    async def _replica_metrics(self, request: Request) -> dict[str, str]:
+        """Each running replica's /metrics (one that does not answer in time is left out)."""
+        ids = await self._replica_ids()
+
+        async def one(replica: str) -> str | None:
+            req = ForwardedRequest("GET", "/metrics", b"", list(request.headers.raw), b"", pin=replica)
+            async def answer() -> list:
+                return [p async for p in self.replicas.options(stream=True).forward.remote(req)]
+
+            try:
+                pieces = await asyncio.wait_for(answer(), METRICS_TIMEOUT_S)
+            except Exception as exc:  # noqa: BLE001 - gone, starting or stuck: the others still count
+                log.info("replica %s left out of /metrics: %s", replica, exc)
+                return None
+            return b"".join(pieces[1:]).decode() if pieces and pieces[0].status == 200 else None
+
+        # One after another: pinned requests routed at once were seen waiting on each other.
+        texts = {r: await one(r) for r in ids}
+        return {r: t for r, t in texts.items() if t is not None}
 
     async def _stream(self, gen, path: str) -> AsyncIterator[bytes]:
         try:

@@ -10,6 +10,7 @@ restored here parked, so the request forks it like any held prefix and reports i
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import tempfile
@@ -62,6 +63,12 @@ class StrataReplica:
         self._lifespan = self.app.router.lifespan_context(self.app)
         await self._lifespan.__aenter__()
         self.state = self.app.state.strata
+        # Serve counts a replica as running once __init__ returns: not before the model is
+        # loaded (the engine thread loads it), so no request or probe meets a loading engine.
+        while self.state.loop.state == "loading":
+            await asyncio.sleep(0.05)
+        if self.state.loop.state != "ready":
+            raise RuntimeError(f"strata replica: the model failed to load: {self.state.loop.load_error}")
         self.keys = KeyCache(block)
         self.block = block
         self._held: set[int] = set()

@@ -19,11 +19,14 @@ goes only there. Requests without a prompt (GET /v1/models, /health) take power 
 from __future__ import annotations
 
 import random
+import time
 from typing import Any
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from strata.cluster.keys import matched_tokens
+
+RESERVE_S = 30.0
 
 
 class StrataRouter(RequestRouter):
@@ -36,6 +39,7 @@ class StrataRouter(RequestRouter):
         self._held: dict[ReplicaID, tuple[Any, frozenset[int]]] = {}  # replica -> (seq, keys)
         self._routed_cells: dict[ReplicaID, tuple[Any, int]] = {}  # replica -> (seq, cells sent since)
         self._next = 0
+        self._reserved: dict[str, tuple[ReplicaID, float]] = {}  # request -> (replica chosen, when), not yet routed
 
     # ---- what each replica reported ---------------------------------------------------------
     def _stats(self, r: RunningReplica) -> dict:
@@ -51,11 +55,13 @@ class StrataRouter(RequestRouter):
         return cached[1]
 
     def _load(self, r: RunningReplica) -> int:
+        """Ongoing requests: Serve's probed count, else the last report; plus those chosen for
+        it and not yet routed."""
         queued = self.replica_queue_len_cache.get(r.replica_id)
-        if queued is not None:
-            return queued
-        s = self._stats(r)
-        return s.get("running", 0) + s.get("waiting", 0)
+        if queued is None:
+            s = self._stats(r)
+            queued = s.get("running", 0) + s.get("waiting", 0)
+        return queued + self._num_reserved(r.replica_id)
 
     def _free(self, r: RunningReplica) -> int:
         """Free cells as last reported, less what was routed there since."""
@@ -75,6 +81,11 @@ class StrataRouter(RequestRouter):
     async def choose_replicas(
         self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
     ) -> list[list[RunningReplica]]:
+        if pending_request is not None:
+            # Every rank here is drawn from all replicas: when none of them takes the request,
+            # Serve must back off before asking again (without this it asks again at once,
+            # never yielding its event loop).
+            pending_request.routing_context.should_backoff = True
         if not candidate_replicas:
             return []
         req = pending_request.args[0] if pending_request is not None and pending_request.args else None
@@ -92,7 +103,22 @@ class StrataRouter(RequestRouter):
             if hasattr(req, "route"):
                 req.route = "pow2"
             return [self._two(candidate_replicas)]
-        return self._by_prefix(req, candidate_replicas)
+        ranks = self._by_prefix(req, candidate_replicas)
+        if len(ranks[0]) == 1 and pending_request is not None:
+            self._reserve(pending_request, ranks[0][0].replica_id)
+        return ranks
+
+    def _reserve(self, pending_request: PendingRequest, replica_id: ReplicaID) -> None:
+        """Counts a request chosen for one replica in that replica's load until it is routed
+        (requests routed at once are all chosen before any reaches a replica's queue). A
+        reservation whose request never got routed (cancelled) lapses after RESERVE_S."""
+        now = time.monotonic()
+        self._reserved = {k: v for k, v in self._reserved.items() if now - v[1] < RESERVE_S}
+        self._reserved[pending_request.metadata.internal_request_id] = (replica_id, now)
+
+    def _num_reserved(self, replica_id: ReplicaID) -> int:
+        now = time.monotonic()
+        return sum(1 for r, t in self._reserved.values() if r == replica_id and now - t < RESERVE_S)
 
     def _by_prefix(self, req: Any, replicas: list[RunningReplica]) -> list[list[RunningReplica]]:
         matched = {r.replica_id: matched_tokens(req.prefix_keys, self._keys(r), self._stats(r).get("block", 1))
@@ -118,6 +144,7 @@ class StrataRouter(RequestRouter):
         return random.sample(replicas, min(2, len(replicas)))
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
+        self._reserved.pop(pending_request.metadata.internal_request_id, None)  # now in Serve's count
         req = pending_request.args[0] if pending_request.args else None
         cells = getattr(req, "num_new_cells", 0) - (
             getattr(req, "holder_tokens", 0) if getattr(req, "holder", None) == replica_id.unique_id else 0)

@@ -116,15 +116,18 @@ def test_an_overloaded_owner_hands_its_conversation_over(cluster):
         migrated_text, headers, usage = chat(cluster, follow)
         for b in blockers:
             b.result()
-    assert headers["x-strata-replica"] != owner and headers["x-strata-route"] == "free_cells"
+    target = headers["x-strata-replica"]
+    assert target != owner and headers["x-strata-route"] == "free_cells"
     moved = int(headers["x-strata-migrated-tokens"])
     assert moved > 0 and usage.prompt_tokens_details.cached_tokens >= moved - 1
     time.sleep(SETTLE_S)
     unmigrated_text, headers, _ = chat(cluster, follow, **{"x-strata-replica": owner})
     assert headers["x-strata-replica"] == owner
     assert migrated_text == unmigrated_text
-    metrics = httpx.get(f"{cluster.base_url}/metrics").text
+    metrics = httpx.get(f"{cluster.base_url}/metrics", timeout=60).text
     assert "strata_cluster_migrations_total 1.0" in metrics
+    for replica in (owner, target):  # each replica's own metrics (strata serve's names), labelled
+        assert f'strata_kv_chunk_cells{{replica="{replica}"}} 16.0' in metrics
 
 
 def test_a_burst_of_new_conversations_spreads(cluster):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import pytest
 
@@ -61,6 +62,8 @@ def request(tokens: list[int], max_tokens: int = 8) -> ForwardedRequest:
 class Pending:
     def __init__(self, req):
         self.args = [req]
+        self.routing_context = SimpleNamespace(should_backoff=False)
+        self.metadata = SimpleNamespace(internal_request_id=str(id(self)))
 
 
 def choose(router, replicas, req):
@@ -113,6 +116,18 @@ def test_a_burst_of_new_conversations_spreads():
         router.on_request_routed(Pending(req), chosen.replica_id, None)
         served.append(chosen.replica_id.unique_id)
     assert served.count("a") == served.count("b") == 4
+
+
+def test_requests_chosen_at_once_count_in_the_holders_load():
+    """Eight follow-ups chosen before any is routed: the holder (3 lanes) takes them until its
+    chosen-but-not-routed ones exceed the idle replica's load by the imbalance."""
+    router = make_router({"a": 0, "b": 0})
+    a, b = replica("a", [CONV]), replica("b")
+    firsts = []
+    for _ in range(8):
+        ranks = choose(router, [a, b], request(CONV + [1, 2]))
+        firsts.append(ranks[0][0].replica_id.unique_id if len(ranks[0]) == 1 else "pow2")
+    assert firsts[:3] == ["a", "a", "a"] and "a" in firsts and firsts.count("a") < 8
 
 
 def test_a_pin_goes_only_to_its_replica():
