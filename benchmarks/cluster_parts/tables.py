@@ -1,0 +1,25 @@
+"""The printed table: arms side by side per workload (also kept in cluster.json)."""
+
+from __future__ import annotations
+
+from benchmarks.common import print_table
+
+COLUMNS = ["workload", "arm", "TTFT p50 ms", "TTFT p99 ms", "p50 / rr", "p99 / rr", "hit ratio", "out tok/s",
+           "tok/s / rr", "migrations (hdr/metric)", "busiest replica", "routes", "errors"]
+
+
+def _ratio(s: dict, k: str) -> str:
+    return f"{s['vs_rr'][k]:.2f}" if "vs_rr" in s else "-"
+
+
+def table(summaries: dict[str, dict[str, dict]], header: str) -> str:
+    rows = []
+    for w, arms in summaries.items():
+        for arm, s in arms.items():
+            routes = " ".join(f"{k}:{v}" for k, v in sorted(s["routes"].items()))
+            rows.append([w, arm, s["ttft_p50_ms"], s["ttft_p99_ms"], _ratio(s, "ttft_p50_ms"),
+                         _ratio(s, "ttft_p99_ms"), f"{s['hit_ratio']:.3f}", s["out_tok_s"], _ratio(s, "out_tok_s"),
+                         f"{s['migrations']}/{s['migrations_metric']:.0f}", f"{s['busiest_share']:.0%}", routes,
+                         s["errors"]])
+    return print_table(f"follow-up turns through the front door (medians over rounds; / rr: paired with round "
+                       f"robin per round). {header}", COLUMNS, rows)
