@@ -8,7 +8,7 @@ Arms (each a fresh Serve application of `--replicas` strata replicas, `--threads
 - strata: StrataRouter (prefix keys the replicas report, free cells, power of two; a turn
   sent away from its prefix's holder pulls the K/V over: a migration).
 Workloads (cluster_parts/workload.py): `--conversations` chats of `--turns` turns, sent by
-`--clients` clients, with one system prompt shared by all ("shared") or one each
+`--clients` clients (4 lanes a replica: --batch 3, `strata serve`'s default), with one system prompt shared by all ("shared") or one each
 ("distinct"). Replies are greedy, `--new` tokens (ignore_eos). Follow-up turns (2..) give
 TTFT (first content chunk) p50/p99 and the cache hit ratio (cached_tokens / prompt_tokens);
 all turns give output tok/s; migrations are counted from x-strata-migrated-tokens and from
@@ -45,10 +45,10 @@ def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--arms", default=",".join(ARMS))
-    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--workloads", default=None, help=f"default {','.join(WORKLOADS)}; --quick: shared")
     ap.add_argument("--conversations", type=int, default=12)
     ap.add_argument("--turns", type=int, default=4)
-    ap.add_argument("--clients", type=int, default=3, help="concurrent clients")
+    ap.add_argument("--clients", type=int, default=6, help="concurrent clients (a replica has 4 lanes)")
     ap.add_argument("--new", type=int, default=32, help="tokens per reply (greedy, ignore_eos)")
     ap.add_argument("--system-words", type=int, default=160, help="random words in a system prompt (~1.5 tokens each)")
     ap.add_argument("--user-words", type=int, default=24, help="random words per user message")
@@ -62,10 +62,12 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--port", type=int, default=8391, help="Serve's HTTP port (the front door)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=RESULTS_DIR, help="directory for cluster.json and cluster.png")
-    ap.add_argument("--quick", action="store_true", help="smoke run: 1 round, 6 conversations x 3 turns, 12 tokens")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run: 1 round, shared workload, 6 conversations x 3 turns, 3 clients, 12 tokens")
     a = ap.parse_args()
     if a.quick:
-        a.rounds, a.conversations, a.turns, a.new, a.clients = 1, 6, 3, 12, 2
+        a.rounds, a.conversations, a.turns, a.new, a.clients = 1, 6, 3, 12, 3
+    a.workloads = a.workloads or ("shared" if a.quick else ",".join(WORKLOADS))
     a.arm_list = [x.strip() for x in a.arms.split(",") if x.strip()]
     a.workload_list = [x.strip() for x in a.workloads.split(",") if x.strip()]
     if bad := [x for x in a.arm_list if x not in ARMS] + [x for x in a.workload_list if x not in WORKLOADS]:
@@ -96,7 +98,7 @@ def run_arm(cluster, arm: str, workload: str, a: argparse.Namespace) -> dict:
     finally:
         cluster.remove()
     out = run_summary(run)
-    out.update(arm=arm, workload=workload, deploy_s=deploy_s, replicas=ids)
+    out.update(arm=arm, workload=workload, deploy_s=deploy_s, replicas=ids, loadavg_1m=os.getloadavg()[0])
     return out
 
 
@@ -125,7 +127,7 @@ def main() -> int:
                     print(f"  round {r + 1}/{a.rounds} {w} {arm}: {time.perf_counter() - t:.0f} s (deploy "
                           f"{res['deploy_s']:.0f} s), follow-up TTFT p50 {res['ttft_p50_ms']:.0f} ms, hits "
                           f"{res['hit_ratio']:.2f}, {res['out_tok_s']:.1f} tok/s, {res['migrations']} migrations, "
-                          f"{res['errors']} errors", file=sys.stderr, flush=True)
+                          f"{res['errors']} errors, loadavg {res['loadavg_1m']:.1f}", file=sys.stderr, flush=True)
     finally:
         cluster.close()
     elapsed = time.perf_counter() - t0

@@ -3,7 +3,7 @@
 Per run (one arm, one workload, one round): follow-ups are turns 2.. of every
 conversation; TTFT = first content chunk - request sent; hit ratio = sum cached_tokens /
 sum prompt_tokens over follow-ups; output tok/s = completion tokens of all turns / the
-run's wall time. Across rounds: medians; `/ rr` = the median over rounds of the arm's
+run's wall time; migrated turns' TTFT is pooled over rounds. Across rounds: medians; `/ rr` = the median over rounds of the arm's
 value / round robin's in the same round (the runs of a round are back to back)."""
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ def run_summary(run: dict) -> dict:
     recs = run["records"]
     ok = [r for r in recs if r.error is None]
     follow = [r for r in ok if r.turn > 0 and r.ttft is not None]
+    migrated = [r.ttft for r in follow if r.migrated > 0]
     first = [r for r in ok if r.turn == 0 and r.ttft is not None]
     prompt = sum(r.prompt_tokens for r in follow)
     per_replica = Counter(r.replica for r in ok)
@@ -49,6 +50,7 @@ def run_summary(run: dict) -> dict:
         "out_tok_s": sum(r.completion_tokens for r in ok) / run["wall_s"],
         "wall_s": run["wall_s"],
         "migrations": sum(1 for r in ok if r.migrated > 0), "migrated_tokens": sum(r.migrated for r in ok),
+        "migrated_ttft_ms": [t * 1e3 for t in migrated],
         "migrations_metric": front_counter(run["front_metrics"], "strata_cluster_migrations_total"),
         "routes": dict(Counter(r.route for r in ok)),
         "busiest_share": max(per_replica.values()) / len(ok) if ok else float("nan"),
@@ -56,7 +58,8 @@ def run_summary(run: dict) -> dict:
     }
 
 
-NUMERIC = ("ttft_p50_ms", "ttft_p99_ms", "first_ttft_p50_ms", "hit_ratio", "out_tok_s", "wall_s", "busiest_share")
+NUMERIC = ("ttft_p50_ms", "ttft_p99_ms", "first_ttft_p50_ms", "hit_ratio", "out_tok_s", "wall_s", "busiest_share",
+           "loadavg_1m")
 SUMMED = ("turns", "errors", "follow_ups", "migrations", "migrated_tokens", "migrations_metric")
 RATIOS = ("ttft_p50_ms", "ttft_p99_ms", "out_tok_s")
 
@@ -68,6 +71,8 @@ def arm_summary(runs: list[dict], baseline: list[dict] | None) -> dict:
     for r in runs:
         routes.update(r["routes"])
     out["routes"] = dict(routes)
+    migrated = [t for r in runs for t in r["migrated_ttft_ms"]]
+    out["migrated_ttft_p50_ms"] = percentile(migrated, 0.5) if migrated else None
     out["rounds"] = len(runs)
     if baseline:
         out["vs_rr"] = {k: statistics.median(r[k] / b[k] for r, b in zip(runs, baseline)) for k in RATIOS}
