@@ -8,8 +8,8 @@ Arms (each a fresh Serve application of `--replicas` strata replicas, `--threads
 - strata: StrataRouter (prefix keys the replicas report, free cells, power of two; a turn
   sent away from its prefix's holder pulls the K/V over: a migration).
 Workloads (cluster_parts/workload.py): `--conversations` chats of `--turns` turns, sent by
-`--clients` clients (4 lanes a replica: --batch 3, `strata serve`'s default), with one system prompt shared by all ("shared") or one each
-("distinct"). Replies are greedy, `--new` tokens (ignore_eos). Follow-up turns (2..) give
+`--clients` clients (a replica has 4 lanes: --batch 3, `strata serve`'s default), with one
+system prompt shared by all ("shared") or one each ("distinct"). Replies are greedy, `--new` tokens (ignore_eos). Follow-up turns (2..) give
 TTFT (first content chunk) p50/p99 and the cache hit ratio (cached_tokens / prompt_tokens);
 all turns give output tok/s; migrations are counted from x-strata-migrated-tokens and from
 the front door's strata_cluster_migrations_total. Per round and workload the arms run back
@@ -50,7 +50,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--clients", type=int, default=6, help="concurrent clients (a replica has 4 lanes)")
     ap.add_argument("--new", type=int, default=32, help="tokens per reply (greedy, ignore_eos)")
-    ap.add_argument("--system-words", type=int, default=160, help="random words in a system prompt (~1.5 tokens each)")
+    ap.add_argument("--system-words", type=int, default=160,
+                    help="random words in a system prompt (~1.1 tokens each)")
     ap.add_argument("--user-words", type=int, default=24, help="random words per user message")
     ap.add_argument("--replicas", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1, help="torch threads per replica")
@@ -78,7 +79,7 @@ def parse_args() -> argparse.Namespace:
 def ray_prefix_note() -> str | None:
     """Why Ray's PrefixCacheAffinityRouter cannot run here, or None when it can."""
     try:
-        import strata.cluster.ray_prefix  # noqa: F401
+        import strata.cluster.ray_prefix  # noqa: F401 - imports Ray's router
     except ImportError as exc:
         return f"ray_prefix arm dropped: Ray's PrefixCacheAffinityRouter does not import here ({exc})"
     return None
@@ -133,7 +134,8 @@ def main() -> int:
     elapsed = time.perf_counter() - t0
     summaries = {w: workload_summary(raw[w]) for w in a.workload_list}
     header = (f"{a.replicas} replicas x {a.threads} thread(s), default model {a.dtype}, --kv-chunk {a.kv_chunk}, "
-              f"--kv-pool-tokens {a.pool}; {a.conversations} conversations x {a.turns} turns, {a.clients} clients, "
+              f"--kv-pool-tokens {a.pool}; {a.conversations} conversations x {a.turns} turns, "
+              f"{a.clients} clients, "
               f"{a.new} tokens per reply, {a.rounds} round(s)")
     text = table(summaries, header)
     for note in notes:

@@ -107,4 +107,5 @@ async def warm(url: str, replica_ids: list[str]) -> None:
             client.headers["x-strata-replica"] = rid
             await one_turn(client, url, [{"role": "user", "content": f"Warm up {i}: say hello."}], 4, rec)
             if rec.error or rec.replica != rid:
-                raise RuntimeError(f"warm-up request pinned to {rid} failed: {rec.error} (served by {rec.replica})")
+                raise RuntimeError(f"warm-up request pinned to {rid} failed: {rec.error} "
+                                   f"(served by {rec.replica})")

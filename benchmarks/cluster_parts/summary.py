@@ -3,8 +3,9 @@
 Per run (one arm, one workload, one round): follow-ups are turns 2.. of every
 conversation; TTFT = first content chunk - request sent; hit ratio = sum cached_tokens /
 sum prompt_tokens over follow-ups; output tok/s = completion tokens of all turns / the
-run's wall time; migrated turns' TTFT is pooled over rounds. Across rounds: medians; `/ rr` = the median over rounds of the arm's
-value / round robin's in the same round (the runs of a round are back to back)."""
+run's wall time; migrated turns' TTFT is pooled over rounds. Across rounds: medians;
+`/ rr` = the median over rounds of the arm's value / round robin's in the same round (the
+runs of a round are back to back)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from benchmarks.common import print_table
 
 COLUMNS = ["workload", "arm", "TTFT p50 ms", "TTFT p99 ms", "p50 / rr", "p99 / rr", "hit ratio", "out tok/s",
-           "tok/s / rr", "migrations (hdr/metric)", "migrated TTFT p50", "busiest replica", "routes", "errors", "loadavg"]
+           "tok/s / rr", "migrations (hdr/metric)", "migrated TTFT p50", "busiest replica", "routes", "errors",
+           "loadavg"]
 
 
 def _ratio(s: dict, k: str) -> str:
