@@ -76,7 +76,8 @@ def arm_summary(runs: list[dict], baseline: list[dict] | None) -> dict:
     out["migrated_ttft_p50_ms"] = percentile(migrated, 0.5) if migrated else None
     out["rounds"] = len(runs)
     if baseline:
-        out["vs_rr"] = {k: statistics.median(r[k] / b[k] for r, b in zip(runs, baseline)) for k in RATIOS}
+        out["vs_rr_rounds"] = {k: [r[k] / b[k] for r, b in zip(runs, baseline)] for k in RATIOS}
+        out["vs_rr"] = {k: statistics.median(v) for k, v in out["vs_rr_rounds"].items()}
     return out
 
 

@@ -10,7 +10,11 @@ COLUMNS = ["workload", "arm", "TTFT p50 ms", "TTFT p99 ms", "p50 / rr", "p99 / r
 
 
 def _ratio(s: dict, k: str) -> str:
-    return f"{s['vs_rr'][k]:.2f}" if "vs_rr" in s else "-"
+    """The median paired ratio, and its range over rounds when there were several."""
+    if "vs_rr" not in s:
+        return "-"
+    v = s["vs_rr_rounds"][k]
+    return f"{s['vs_rr'][k]:.2f}" + (f" ({min(v):.2f}-{max(v):.2f})" if max(v) > min(v) else "")
 
 
 def table(summaries: dict[str, dict[str, dict]], header: str) -> str:
@@ -26,4 +30,4 @@ def table(summaries: dict[str, dict[str, dict]], header: str) -> str:
                          f"{s['busiest_share']:.0%}", routes,
                          s["errors"], f"{s['loadavg_1m']:.1f}"])
     return print_table(f"follow-up turns through the front door (medians over rounds; / rr: paired with round "
-                       f"robin per round). {header}", COLUMNS, rows)
+                       f"robin per round, range over rounds in brackets). {header}", COLUMNS, rows)
