@@ -27,7 +27,7 @@ def plot(summaries: dict[str, dict[str, dict]], title: str, path: str) -> None:
         ax.set_xticks(range(len(workloads)), [f"{w} system prompt" for w in workloads])
         ax.set(title=label)
         ax.grid(axis="y", alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="lower right", framealpha=0.9)
     fig.suptitle(title, fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
