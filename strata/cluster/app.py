@@ -11,6 +11,7 @@ from strata.server.settings import ServerSettings
 
 REPLICA_DEPLOYMENT = "strata-replica"
 FRONT_DEPLOYMENT = "strata-front"
+POLICIES = ("strata", "round_robin", "ray_prefix")
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,7 @@ class ClusterSpec:
     max_replicas: int | None = None  # above `replicas`: Serve autoscales between the two
     replica_cpus: float = 1.0
     block: int = DEFAULT_ROUTE_BLOCK  # tokens per prefix key
-    policy: str = "strata"  # or "round_robin" (a baseline for benchmarks)
+    policy: str = "strata"  # or "round_robin" / "ray_prefix" (Ray's PrefixCacheAffinityRouter): baselines
     imbalance: int = 2  # queue difference at which the prefix holder counts as overloaded
     stats_period_s: float = 0.5  # how often replicas report (free cells, queue, prefix keys)
 
@@ -35,6 +36,8 @@ class ClusterSpec:
             raise ConfigError(f"--replica-cpus must be at least 0, got {self.replica_cpus}")
         if self.block < 1:
             raise ConfigError(f"--route-block must be positive, got {self.block}")
+        if self.policy not in POLICIES:
+            raise ConfigError(f"--route-policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
 
 
 def build_app(spec: ClusterSpec):
@@ -47,6 +50,12 @@ def build_app(spec: ClusterSpec):
     from strata.cluster.router import StrataRouter
     from strata.cluster.scaling import queue_and_pool_policy
 
+    if spec.policy == "ray_prefix":
+        from strata.cluster.ray_prefix import RayPrefixRouter
+
+        router, router_kwargs = RayPrefixRouter, {}
+    else:
+        router, router_kwargs = StrataRouter, {"imbalance": spec.imbalance, "policy": spec.policy}
     lanes = spec.config.num_lanes
     scale: dict = {"num_replicas": spec.replicas}
     if spec.max_replicas is not None and spec.max_replicas > spec.replicas:
@@ -61,8 +70,8 @@ def build_app(spec: ClusterSpec):
         ray_actor_options={"num_cpus": spec.replica_cpus},
         health_check_period_s=2,
         request_router_config=RequestRouterConfig(
-            request_router_class=StrataRouter,
-            request_router_kwargs={"imbalance": spec.imbalance, "policy": spec.policy},
+            request_router_class=router,
+            request_router_kwargs=router_kwargs,
             request_routing_stats_period_s=spec.stats_period_s,
             request_routing_stats_timeout_s=max(5.0, 4 * spec.stats_period_s),
         ),
@@ -71,4 +80,5 @@ def build_app(spec: ClusterSpec):
     front = serve.deployment(FrontDoor, name=FRONT_DEPLOYMENT, num_replicas=1, max_ongoing_requests=10_000,
                              ray_actor_options={"num_cpus": 0})
     return front.bind(replica.bind(spec.config, spec.settings, spec.model_id, spec.block), spec.config.model,
-                      spec.model_id, spec.block, spec.settings.api_key, spec.settings.max_body_bytes)
+                      spec.model_id, spec.block, spec.settings.api_key, spec.settings.max_body_bytes,
+                      spec.policy == "ray_prefix")

@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 
+from strata.cluster.app import POLICIES
 from strata.cluster.keys import DEFAULT_ROUTE_BLOCK
 from strata.engine_args import add_engine_args, engine_config
 from strata.server.cli import (
@@ -29,8 +30,9 @@ def add_cluster_parser(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--replica-cpus", type=float, default=1.0, help="CPUs Ray reserves per replica (default 1)")
     g.add_argument("--route-block", type=int, default=DEFAULT_ROUTE_BLOCK,
                    help=f"tokens per prefix key the router matches (default {DEFAULT_ROUTE_BLOCK})")
-    g.add_argument("--route-policy", choices=("strata", "round_robin"), default="strata",
-                   help="strata: by cached prefix, free K/V, then load (default); round_robin: a baseline")
+    g.add_argument("--route-policy", choices=POLICIES, default="strata",
+                   help="strata: by cached prefix, free K/V, then load (default); round_robin, ray_prefix "
+                        "(Ray Serve's PrefixCacheAffinityRouter): baselines")
     add_server_args(c)
     add_engine_args(c, default_batch=SERVE_DEFAULT_BATCH, default_prefill_chunk=SERVE_DEFAULT_PREFILL_CHUNK,
                     default_prefill_alone=SERVE_DEFAULT_PREFILL_ALONE)

@@ -27,6 +27,7 @@ class ForwardedRequest:
     prompt_ids: list[int] = field(default_factory=list)
     prefix_keys: list[int] = field(default_factory=list)
     num_new_cells: int = 0  # prompt + max_tokens: what admitting it takes
+    prompt: str | None = None  # the prompt's text, for Ray's PrefixCacheAffinityRouter only (ray_prefix.py)
     pin: str | None = None  # a replica id: only that replica may serve it (x-strata-replica)
     # Set by the router: the replica holding the longest prefix, and its matched tokens.
     holder: str | None = None

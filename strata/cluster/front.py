@@ -41,8 +41,9 @@ def replica_failed() -> NotReady:
     return NotReady("the replica serving this request failed; retry it", code="replica_failed", retry_after=1)
 
 
-def routing_fields(req: ForwardedRequest, info: ModelInfo, block: int) -> None:
-    """Fills `req`'s prompt ids, prefix keys and cells when it is a readable generation request."""
+def routing_fields(req: ForwardedRequest, info: ModelInfo, block: int, text: bool = False) -> None:
+    """Fills `req`'s prompt ids, prefix keys and cells when it is a readable generation request
+    (and with `text`, the prompt's text: what Ray's own prefix router matches)."""
     from strata.server.anthropic.params import prompt_ids as messages_prompt_ids
     from strata.server.anthropic.requests import MessagesRequest
     from strata.server.params import chat_job, completion_job
@@ -64,13 +65,15 @@ def routing_fields(req: ForwardedRequest, info: ModelInfo, block: int) -> None:
     req.prompt_ids = list(ids)
     req.prefix_keys = prefix_keys(req.prompt_ids, block)
     req.num_new_cells = len(ids) + (max_tokens if max_tokens is not None else 0) + 1
+    if text:
+        req.prompt = info.tokenizer.decode(req.prompt_ids)
 
 
 class FrontDoor:
     """Serve's ingress deployment (see app.py): `__call__` takes every HTTP request."""
 
     def __init__(self, replicas, model_path: str | None, model_id: str, block: int, api_key: str | None,
-                 max_body_bytes: int):
+                 max_body_bytes: int, prompt_text: bool = False):
         from strata.loader import open_model
 
         source = open_model(model_path)
@@ -79,6 +82,7 @@ class FrontDoor:
         self.block = block
         self.api_key = api_key
         self.max_body_bytes = max_body_bytes
+        self.prompt_text = prompt_text  # the ray_prefix policy routes by the prompt's text
         self.metrics = FrontMetrics()
 
     async def __call__(self, request: Request) -> Response:
@@ -99,7 +103,7 @@ class FrontDoor:
                                list(request.headers.raw), body, pin=pin)
         if self.api_key is None or request.headers.get("authorization") == f"Bearer {self.api_key}" \
                 or request.headers.get("x-api-key") == self.api_key:
-            routing_fields(req, self.info, self.block)  # unauthenticated requests cost no tokenizing
+            routing_fields(req, self.info, self.block, self.prompt_text)  # unauthenticated requests cost no tokenizing
         gen = self.replicas.options(stream=True).forward.remote(req)
         try:
             start: ResponseStart = await gen.__anext__()
