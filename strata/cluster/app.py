@@ -55,7 +55,7 @@ def build_app(spec: ClusterSpec):
 
         router, router_kwargs = RayPrefixRouter, {}
     else:
-        router, router_kwargs = StrataRouter, {"imbalance": spec.imbalance, "policy": spec.policy}
+        router, router_kwargs = StrataRouter, {"imbalance": spec.imbalance, "policy": spec.policy, "block": spec.block}
     lanes = spec.config.num_lanes
     scale: dict = {"num_replicas": spec.replicas}
     if spec.max_replicas is not None and spec.max_replicas > spec.replicas:

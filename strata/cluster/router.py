@@ -24,20 +24,22 @@ from typing import Any
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
-from strata.cluster.keys import matched_tokens
+from strata.cluster.keys import DEFAULT_ROUTE_BLOCK
 
 RESERVE_S = 30.0
 
 
 class StrataRouter(RequestRouter):
-    def initialize_state(self, imbalance: int = 2, policy: str = "strata") -> None:
+    def initialize_state(self, imbalance: int = 2, policy: str = "strata", block: int = DEFAULT_ROUTE_BLOCK) -> None:
         """`policy`: "strata" (the rule above) or "round_robin" (benchmarks' baseline)."""
         if policy not in ("strata", "round_robin"):
             raise ValueError(f"unknown routing policy {policy!r}")
         self.imbalance = imbalance
+        self.block = block  # tokens per prefix key (the front door's and the replicas')
         self.policy = policy
         self._held: dict[ReplicaID, tuple[Any, frozenset[int]]] = {}  # replica -> (seq, keys)
         self._routed_cells: dict[ReplicaID, tuple[Any, int]] = {}  # replica -> (seq, cells sent since)
+        self._routed_keys: dict[ReplicaID, tuple[Any, set[int]]] = {}  # replica -> (seq, prompt keys sent since)
         self._next = 0
         self._reserved: dict[str, tuple[ReplicaID, float]] = {}  # request -> (replica chosen, when), not yet routed
 
@@ -45,14 +47,27 @@ class StrataRouter(RequestRouter):
     def _stats(self, r: RunningReplica) -> dict:
         return r.routing_stats or {}
 
-    def _keys(self, r: RunningReplica) -> frozenset[int]:
+    def _keys(self, r: RunningReplica) -> tuple[frozenset[int], set[int]]:
+        """The prefix keys the replica last reported, and those of prompts routed to it since
+        (a conversation's next turn finds its replica before the next report)."""
         s = self._stats(r)
         seq = s.get("seq")
         cached = self._held.get(r.replica_id)
         if cached is None or cached[0] != seq:
             cached = (seq, frozenset(s.get("keys", ())))
             self._held[r.replica_id] = cached
-        return cached[1]
+        routed_seq, routed = self._routed_keys.get(r.replica_id, (None, set()))
+        return cached[1], (routed if routed_seq == seq else set())
+
+    def _matched(self, req: Any, r: RunningReplica) -> int:
+        """Prompt tokens `r` can reuse: the request's leading keys it holds (keys.py)."""
+        reported, routed = self._keys(r)
+        n = 0
+        for k in req.prefix_keys:
+            if k not in reported and k not in routed:
+                break
+            n += 1
+        return n * self.block
 
     def _load(self, r: RunningReplica) -> int:
         """Ongoing requests: Serve's probed count, else the last report; plus those chosen for
@@ -121,8 +136,7 @@ class StrataRouter(RequestRouter):
         return sum(1 for r, t in self._reserved.values() if r == replica_id and now - t < RESERVE_S)
 
     def _by_prefix(self, req: Any, replicas: list[RunningReplica]) -> list[list[RunningReplica]]:
-        matched = {r.replica_id: matched_tokens(req.prefix_keys, self._keys(r), self._stats(r).get("block", 1))
-                   for r in replicas}
+        matched = {r.replica_id: self._matched(req, r) for r in replicas}
         least = min(self._load(r) for r in replicas)
         holder = max(replicas, key=lambda r: (matched[r.replica_id], -self._load(r)))
         m = matched[holder.replica_id]
@@ -154,3 +168,8 @@ class StrataRouter(RequestRouter):
         seq = (replica.routing_stats or {}).get("seq") if replica is not None else None
         old_seq, sent = self._routed_cells.get(replica_id, (None, 0))
         self._routed_cells[replica_id] = (seq, (sent if old_seq == seq else 0) + cells)
+        keys_seq, keys = self._routed_keys.get(replica_id, (None, set()))
+        if keys_seq != seq:
+            keys = set()
+        keys.update(getattr(req, "prefix_keys", ()))
+        self._routed_keys[replica_id] = (seq, keys)

@@ -40,7 +40,7 @@ class FakeQueues(dict):
 
 def make_router(queues: dict[str, int] | None = None) -> StrataRouter:
     router = StrataRouter.__new__(StrataRouter)  # Serve's constructor needs a deployment
-    router.initialize_state(imbalance=2)
+    router.initialize_state(imbalance=2, block=BLOCK)
     router._replica_queue_len_cache = FakeQueues({FakeId(k): v for k, v in (queues or {}).items()})
     router._replicas = {}
     return router
@@ -63,7 +63,7 @@ class Pending:
     def __init__(self, req):
         self.args = [req]
         self.routing_context = SimpleNamespace(should_backoff=False)
-        self.metadata = SimpleNamespace(internal_request_id=str(id(self)))
+        self.metadata = SimpleNamespace(internal_request_id=str(id(req)))  # one id per request
 
 
 def choose(router, replicas, req):
@@ -123,11 +123,26 @@ def test_requests_chosen_at_once_count_in_the_holders_load():
     chosen-but-not-routed ones exceed the idle replica's load by the imbalance."""
     router = make_router({"a": 0, "b": 0})
     a, b = replica("a", [CONV]), replica("b")
-    firsts = []
+    firsts, reqs = [], []
     for _ in range(8):
-        ranks = choose(router, [a, b], request(CONV + [1, 2]))
+        reqs.append(request(CONV + [1, 2]))  # held: a request's id is its routing id here
+        ranks = choose(router, [a, b], reqs[-1])
         firsts.append(ranks[0][0].replica_id.unique_id if len(ranks[0]) == 1 else "pow2")
     assert firsts[:3] == ["a", "a", "a"] and "a" in firsts and firsts.count("a") < 8
+
+
+def test_a_turn_finds_its_replica_before_the_next_report():
+    """A first turn is routed (no replica reported its keys yet); its follow-up goes to the
+    same replica, from the keys the router saw go there."""
+    router = make_router()
+    replicas = [replica("a"), replica("b")]
+    router._replicas = {r.replica_id: r for r in replicas}
+    first = request(CONV)
+    chosen = choose(router, replicas, first)[0][0]
+    router.on_request_routed(Pending(first), chosen.replica_id, None)
+    follow = request(CONV + [5, 6, 7, 8, 9])
+    ranks = choose(router, replicas, follow)
+    assert ranks[0] == [chosen] and follow.route == "prefix" and follow.holder_tokens == 20
 
 
 def test_a_pin_goes_only_to_its_replica():
@@ -147,7 +162,7 @@ def test_no_prompt_is_power_of_two():
 
 def test_round_robin_cycles():
     router = StrataRouter.__new__(StrataRouter)
-    router.initialize_state(policy="round_robin")
+    router.initialize_state(policy="round_robin", block=BLOCK)
     replicas = [replica(n) for n in "abc"]
     firsts = [choose(router, replicas, request(CONV))[0][0].replica_id.unique_id for _ in range(6)]
     assert firsts == ["b", "c", "a", "b", "c", "a"]
