@@ -16,6 +16,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -94,14 +95,20 @@ def test_a_follow_up_goes_to_its_owner_and_reports_cached_tokens(cluster):
     assert usage.prompt_tokens_details.cached_tokens >= usage.prompt_tokens - 32
 
 
-def _block(c: Cluster, replica: str, start: int) -> httpx.Response:
-    """A long greedy stream pinned to `replica` (it holds a lane while it runs)."""
+def _block(c: Cluster, replica: str, start: int, decoding: threading.Event | None = None) -> bytes:
+    """A long greedy stream pinned to `replica` (it holds a lane while it runs); `decoding`
+    is set once its first token has arrived."""
     body = {"model": MODEL, "prompt": list(range(start, start + 10)), "max_tokens": 480, "temperature": 0,
             "ignore_eos": True, "stream": True}
     with httpx.stream("POST", f"{c.base_url}/v1/completions", json=body, headers={"x-strata-replica": replica},
                       timeout=120) as r:
         assert r.status_code == 200 and r.headers["x-strata-replica"] == replica
-        return r.read()
+        got = b""
+        for piece in r.iter_bytes():
+            got += piece
+            if decoding is not None and b"data: " in got:
+                decoding.set()
+        return got
 
 
 def test_an_overloaded_owner_hands_its_conversation_over(cluster):
@@ -111,8 +118,9 @@ def test_an_overloaded_owner_hands_its_conversation_over(cluster):
     follow = first + [{"role": "assistant", "content": text}, {"role": "user", "content": "More, please."}]
     time.sleep(SETTLE_S)
     with concurrent.futures.ThreadPoolExecutor(LANES) as pool:
-        blockers = [pool.submit(_block, cluster, owner, 1000 + 100 * i) for i in range(LANES)]
-        time.sleep(SETTLE_S)  # every lane of the owner decodes a long stream
+        decoding = [threading.Event() for _ in range(LANES)]
+        blockers = [pool.submit(_block, cluster, owner, 1000 + 100 * i, decoding[i]) for i in range(LANES)]
+        assert all(d.wait(120) for d in decoding)  # every lane of the owner decodes a long stream
         migrated_text, headers, usage = chat(cluster, follow)
         for b in blockers:
             b.result()
@@ -149,7 +157,7 @@ def test_a_shared_prefix_does_not_pile_every_conversation_on_its_holder(cluster)
 
     def conversation(i: int) -> tuple[str, int, int]:
         _, h, usage = chat(cluster, [{"role": "system", "content": system},
-                                     {"role": "user", "content": f"What about planet {i}?"}], 24)
+                                     {"role": "user", "content": f"What about planet {i}?"}], 200)
         return h["x-strata-replica"], int(h.get("x-strata-migrated-tokens", 0)), usage.prompt_tokens_details.cached_tokens
 
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
