@@ -70,7 +70,8 @@ def arm_strata(args) -> dict:
     t0 = time.perf_counter()
     engine = Engine(EngineConfig(dtype="bfloat16", weights=args.weights, max_context=max_context(args),
                                  batch=LANES - 1, kv_chunk=KV_CHUNK, kv_pool_tokens=args.kv_pool_tokens,
-                                 prefill_chunk=args.prompt, threads=args.threads),
+                                 prefill_chunk=args.prompt, threads=args.threads,
+                                 spec="off"),  # one token a step, as the peers decode (drafts: spec.py)
                     progress=False)
     load_s = time.perf_counter() - t0
     tok = engine.tokenizer

@@ -47,7 +47,8 @@ def run(lanes: int, steps: int, threads: int) -> dict:
 
     torch.set_num_threads(threads)
     engine = Engine(EngineConfig(dtype="bfloat16", weights="auto", max_context=1024, kv_chunk=128,
-                                 batch=lanes - 1, prefill_chunk=512, threads=threads), progress=False)
+                                 batch=lanes - 1, prefill_chunk=512, threads=threads, spec="off"),
+                    progress=False)  # spec off: every profiled step decodes one token per lane
     params = SamplingParams(temperature=0, max_tokens=4 * steps + 64, ignore_eos=True)
     for i in range(lanes):
         engine.add_request(prompt_ids(engine.tokenizer, 512, 20 + i), params)
