@@ -93,7 +93,9 @@ class FrontDoor:
                 return error_response(BodyTooLarge(self.max_body_bytes))
         body = bytes(body)
         pin = request.headers.get(PIN_HEADER)
-        if request.url.path == "/metrics" and pin is None:
+        authorized = self.api_key is None or request.headers.get("authorization") == f"Bearer {self.api_key}" \
+            or request.headers.get("x-api-key") == self.api_key  # else a replica answers the 401
+        if request.url.path == "/metrics" and pin is None and authorized:
             return Response(self.metrics.render(await self._replica_metrics(request)),
                             media_type="text/plain; version=0.0.4")
         if pin is not None and pin not in await self._replica_ids():
@@ -101,8 +103,7 @@ class FrontDoor:
                                                param=PIN_HEADER))
         req = ForwardedRequest(request.method, request.url.path, request.url.query.encode(),
                                list(request.headers.raw), body, pin=pin)
-        if self.api_key is None or request.headers.get("authorization") == f"Bearer {self.api_key}" \
-                or request.headers.get("x-api-key") == self.api_key:
+        if authorized:
             routing_fields(req, self.info, self.block, self.prompt_text)  # unauthenticated requests cost no tokenizing
         gen = self.replicas.options(stream=True).forward.remote(req)
         try:
