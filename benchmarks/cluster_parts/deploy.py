@@ -53,13 +53,9 @@ class Cluster:
 
     def replica_ids(self) -> list[str]:
         """The strata replicas' ids (what `x-strata-replica` names), from Serve's actor names."""
-        import ray
+        from strata.cluster.app import replica_ids
 
-        from strata.cluster.app import REPLICA_DEPLOYMENT
-
-        prefix = f"SERVE_REPLICA::{APP}#{REPLICA_DEPLOYMENT}#"
-        return sorted(a["name"][len(prefix):] for a in ray.util.list_named_actors(all_namespaces=True)
-                      if a["name"].startswith(prefix))
+        return replica_ids(APP)
 
     def remove(self) -> None:
         """Deletes the application, and Ray's prefix tree (a detached actor that outlives the

@@ -11,6 +11,16 @@ from strata.server.settings import ServerSettings
 
 REPLICA_DEPLOYMENT = "strata-replica"
 FRONT_DEPLOYMENT = "strata-front"
+
+
+def replica_ids(app_name: str, deployment: str = REPLICA_DEPLOYMENT) -> list[str]:
+    """The ids of a deployment's running replicas (what `x-strata-replica` names), from the
+    names Serve gives their Ray actors. A GCS call: blocking."""
+    import ray
+
+    prefix = f"SERVE_REPLICA::{app_name}#{deployment}#"
+    return sorted(a["name"][len(prefix):] for a in ray.util.list_named_actors(all_namespaces=True)
+                  if a["name"].startswith(prefix))
 POLICIES = ("strata", "round_robin", "ray_prefix")
 
 

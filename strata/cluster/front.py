@@ -133,11 +133,9 @@ class FrontDoor:
 
     async def _replica_ids(self) -> list[str]:
         """The replicas Ray knows by name (a GCS call, off the event loop)."""
-        import ray
+        from strata.cluster.app import replica_ids
 
-        prefix = f"SERVE_REPLICA::{self.replicas.app_name}#{self.replicas.deployment_name}#"
-        actors = await asyncio.to_thread(ray.util.list_named_actors, all_namespaces=True)
-        return [a["name"][len(prefix):] for a in actors if a["name"].startswith(prefix)]
+        return await asyncio.to_thread(replica_ids, self.replicas.app_name, self.replicas.deployment_name)
 
     async def _replica_metrics(self, request: Request) -> dict[str, str]:
         """Each running replica's /metrics (one that does not answer in time is left out)."""

@@ -12,7 +12,7 @@ engine's own prefix index uses, quantised to blocks so that it travels as a set 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Sequence, Set as AbstractSet
 from dataclasses import dataclass, field
 
 DEFAULT_ROUTE_BLOCK = 32  # tokens per key: a follow-up turn matches all but its last < 32 tokens
@@ -32,11 +32,12 @@ def prefix_keys(token_ids: Sequence[int], block: int, start: int = 0, prev: int 
     return keys
 
 
-def matched_tokens(request_keys: Sequence[int], held: frozenset[int] | set[int], block: int) -> int:
-    """Tokens of the request's prompt a holder of `held` can reuse: its leading keys held."""
+def matched_tokens(request_keys: Sequence[int], block: int, *held: AbstractSet[int]) -> int:
+    """Tokens of the request's prompt a holder of the `held` sets can reuse: its leading
+    keys found in any of them."""
     n = 0
     for k in request_keys:
-        if k not in held:
+        if not any(k in h for h in held):
             break
         n += 1
     return n * block

@@ -123,7 +123,7 @@ class StrataReplica:
 
         from strata.engine.session import restore_session
 
-        if matched_tokens(req.prefix_keys, self._held, self.block) >= req.holder_tokens:
+        if matched_tokens(req.prefix_keys, self.block, self._held) >= req.holder_tokens:
             return 0
         t0 = time.perf_counter()
         handle = serve.get_deployment_handle(*self._self_handle)

@@ -24,7 +24,7 @@ from typing import Any
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
-from strata.cluster.keys import DEFAULT_ROUTE_BLOCK
+from strata.cluster.keys import DEFAULT_ROUTE_BLOCK, matched_tokens
 
 RESERVE_S = 30.0
 
@@ -61,13 +61,7 @@ class StrataRouter(RequestRouter):
 
     def _matched(self, req: Any, r: RunningReplica) -> int:
         """Prompt tokens `r` can reuse: the request's leading keys it holds (keys.py)."""
-        reported, routed = self._keys(r)
-        n = 0
-        for k in req.prefix_keys:
-            if k not in reported and k not in routed:
-                break
-            n += 1
-        return n * self.block
+        return matched_tokens(req.prefix_keys, self.block, *self._keys(r))
 
     def _load(self, r: RunningReplica) -> int:
         """Ongoing requests: Serve's probed count, else the last report; plus those chosen for

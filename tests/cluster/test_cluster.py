@@ -28,7 +28,7 @@ ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
 openai = pytest.importorskip("openai")
 
-from strata.cluster.app import ClusterSpec, build_app  # noqa: E402
+from strata.cluster.app import REPLICA_DEPLOYMENT, ClusterSpec, build_app, replica_ids  # noqa: E402
 from strata.config import EngineConfig  # noqa: E402
 from strata.server.settings import ServerSettings  # noqa: E402
 
@@ -212,13 +212,8 @@ def test_a_replica_killed_mid_stream_ends_only_its_own_stream(cluster):
 
 
 def _replica_ids() -> list[str]:
-    return [_id_of(a["name"]) for a in ray.util.list_named_actors(all_namespaces=True)
-            if a["name"].startswith("SERVE_REPLICA::strata#strata-replica#")]
-
-
-def _id_of(name: str) -> str:
-    return name.rsplit("#", 1)[1]
+    return replica_ids("strata")
 
 
 def _actor_name(replica_id: str) -> str:
-    return f"SERVE_REPLICA::strata#strata-replica#{replica_id}"
+    return f"SERVE_REPLICA::strata#{REPLICA_DEPLOYMENT}#{replica_id}"

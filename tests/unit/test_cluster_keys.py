@@ -18,7 +18,7 @@ def test_shared_keys_are_shared_blocks(a, b, block):
     common = 0
     while common < min(len(a), len(b)) and a[common] == b[common]:
         common += 1
-    assert matched_tokens(kb, set(ka), block) == (common // block) * block
+    assert matched_tokens(kb, block, set(ka)) == (common // block) * block
     assert prefix_keys(a, block, 2, ka[1]) == ka[2:] if len(ka) > 2 else True
 
 
