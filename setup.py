@@ -14,9 +14,11 @@ except ImportError:  # no torch in the build environment: no extension
     ext_modules, cmdclass = [], {}
 else:
     # x86-64-v3 (AVX2, FMA, F16C): fused.py loads the module only on CPUs that have them.
-    ext_modules = [CppExtension("strata._decode_ops", ["strata/csrc/decode_ops.cpp"],
-                                extra_compile_args=["-O3", "-mavx2", "-mfma", "-mf16c"],
-                                optional=True)]
+    # -fopenmp: at::parallel_for runs on torch's OpenMP threads (the libgomp.so.1 torch loaded).
+    ext_modules = [CppExtension("strata._decode_ops",
+                                ["strata/csrc/decode_ops.cpp", "strata/csrc/decode_attention.cpp"],
+                                extra_compile_args=["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"],
+                                extra_link_args=["-fopenmp"], optional=True)]
     cmdclass = {"build_ext": BuildExtension.with_options(use_ninja=False)}
 
 setup(ext_modules=ext_modules, cmdclass=cmdclass)

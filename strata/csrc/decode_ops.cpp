@@ -8,7 +8,11 @@
 //       qkv [tokens, (heads + 2 kv_heads) dim]: rotates q and k (rotate-half, cos/sin
 //       [tokens, dim / 2]), writes k and v into cell write_index[t] of the caches
 //       [kv_heads, cells, dim], returns q [tokens, heads, dim]
+//   silu_mul(gate_up)                      gate_up [rows, 2 n] -> silu(gate) * up [rows, n]
+//   decode_attention(q, k_cache, v_cache, spans, row_spans, scale)    (decode_attention.cpp)
 // Tensors are bfloat16 or float32 and contiguous in their last dim (checked in Python).
+// Built with -fopenmp: at::parallel_for then runs on torch's own OpenMP threads (the
+// extension's libgomp.so.1 is the one torch has already loaded).
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -16,6 +20,11 @@
 #include <cmath>
 #include <cstring>
 #include <vector>
+
+namespace strata {
+torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor spans,
+                               torch::Tensor row_spans, double scale);
+}  // namespace strata
 
 namespace {
 
@@ -104,10 +113,34 @@ torch::Tensor rope_write(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin
   return q;
 }
 
+torch::Tensor silu_mul(torch::Tensor gate_up) {
+  const int64_t rows = gate_up.size(0), n = gate_up.size(1) / 2;
+  TORCH_CHECK(gate_up.stride(1) == 1 && gate_up.size(1) == 2 * n, "silu_mul: gate_up layout");
+  auto y = torch::empty({rows, n}, gate_up.options());
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, gate_up.scalar_type(), "silu_mul", [&] {
+    const scalar_t* gp = gate_up.data_ptr<scalar_t>();
+    scalar_t* yp = y.data_ptr<scalar_t>();
+    at::parallel_for(0, rows, 4, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const scalar_t* g = gp + r * gate_up.stride(0);
+        // As torch: silu(gate) rounds to the dtype, then the product rounds again.
+        for (int64_t i = 0; i < n; ++i) {
+          const float a = to_f(g[i]);
+          const float s = to_f(static_cast<scalar_t>(a / (1.f + std::exp(-a))));
+          yp[r * n + i] = static_cast<scalar_t>(s * to_f(g[n + i]));
+        }
+      }
+    });
+  });
+  return y;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm);
   m.def("add_rms_norm", &add_rms_norm);
   m.def("rope_write", &rope_write);
+  m.def("silu_mul", &silu_mul);
+  m.def("decode_attention", &strata::decode_attention);
 }

@@ -5,7 +5,9 @@ Decode rows (one new token per lane):
 - `DecodeStrided`: lanes evenly spaced in storage (the reserved layout), one strided view;
 - `DecodeRuns`: one long lane in a few runs of chunks, each read in place, merged by
   log-sum-exp;
-- `DecodeGather`: lanes gathered through flat cell indices, padded to the longest.
+- `DecodeGather`: lanes gathered through flat cell indices, padded to the longest;
+- `DecodeSpans`: every decoding lane at once, each over its runs of storage in place,
+  through the fused CPU kernel (strata/csrc/decode_attention.cpp).
 Prefill pieces (a lane's new tokens, each attending to the cells up to its own):
 - `PrefillContiguous`, `PrefillGather`, `PrefillRuns`: the same three ways.
 
@@ -17,6 +19,7 @@ dtype, or `Int8Cells`, dequantised exactly where read. `to(device)` moves its te
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -124,6 +127,26 @@ class DecodeGather:
 
     def to(self, device: torch.device) -> DecodeGather:
         return _moved(self, device)
+
+
+@dataclass(frozen=True)
+class DecodeSpans:
+    """Row r's cells are spans[row_spans[r] : row_spans[r + 1]], each (first flat cell, cells),
+    in position order: any layout, read in place, no padding or mask. Caches are plain
+    tensors in the compute dtype (the runner uses this read only then)."""
+
+    kind: ClassVar[str] = "spans"
+    row_start: int
+    num_rows: int
+    spans: torch.Tensor  # [runs, 2] long
+    row_spans: torch.Tensor  # [rows + 1] long
+    kernel: Callable  # the fused ops' decode_attention(q, k, v, spans, row_spans, scale)
+
+    def attend(self, q: torch.Tensor, k_cache: Cache, v_cache: Cache) -> torch.Tensor:
+        return self.kernel(q, k_cache, v_cache, self.spans, self.row_spans, q.shape[-1] ** -0.5)
+
+    def to(self, device: torch.device) -> DecodeSpans:
+        return self  # CPU only
 
 
 def _attention_and_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None):
@@ -247,5 +270,5 @@ class PrefillRuns:
         return _moved(self, device)
 
 
-DecodeRead = DecodeContiguous | DecodeStrided | DecodeGather | DecodeRuns
+DecodeRead = DecodeContiguous | DecodeStrided | DecodeGather | DecodeRuns | DecodeSpans
 PrefillRead = PrefillContiguous | PrefillGather | PrefillRuns

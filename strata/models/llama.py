@@ -8,7 +8,7 @@ embedding on the first layer's device, the final norm and LM head on the last.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -78,7 +78,10 @@ class DecoderLayer:
         else:
             a = attend(*self._rotated(qkv, cos, sin), k_cache, v_cache, meta)
         x, h = self.post_norm.add_and_norm(x, self.o(a), ops)
-        gate, up = self.gate_up(h).chunk(2, dim=-1)
+        gate_up = self.gate_up(h)  # [tokens, 2 intermediate]
+        if ops is not None and gate_up.is_contiguous():
+            return x + self.down(ops.silu_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
         return x + self.down(F.silu(gate) * up)
 
     def _rotated(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
@@ -133,6 +136,18 @@ class LlamaModel:
     def has_int4(self) -> bool:
         """Some projection reads 4-bit weights at decode steps (of at most INT4_MAX_ROWS rows)."""
         return any(lin.int4 is not None for layer in self.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))
+
+    def decode_attention_kernel(self, kv_dtype: torch.dtype) -> Callable | None:
+        """The fused decode attention over spans (`DecodeSpans`) where it applies: the fused ops
+        loaded (every layer on the CPU), K/V stored in the compute dtype (float32 or bfloat16),
+        a head dim that is a multiple of 16 up to 256, at most 16 query heads per K/V head.
+        Else None: the torch reads."""
+        cfg = self.cfg
+        if self.ops is None or kv_dtype != self.dtype or self.dtype not in (torch.float32, torch.bfloat16):
+            return None
+        if cfg.head_dim % 16 or cfg.head_dim > 256 or cfg.num_heads // cfg.num_kv_heads > 16:
+            return None
+        return getattr(self.ops, "decode_attention", None)
 
     def __getstate__(self) -> dict:
         """Pickled as weights only (see loader/prepared.py): `prepare_runtime` remakes the rest."""

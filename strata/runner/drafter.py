@@ -36,7 +36,7 @@ class ModelDrafter:
 
     def _next_tokens(self, work: Sequence[LaneWork]) -> dict[str, int]:
         """The draft model's argmax after each lane's tokens (its K/V written on the way)."""
-        inputs = build_inputs(work, self.cells)
+        inputs = build_inputs(work, self.cells, self.model.decode_attention_kernel(self.kv.dtype))
         m = self.model
         logits = m.forward(
             inputs.input_ids.to(m.layer_devices[0]),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -14,12 +14,13 @@ from strata.models.cell_reads import (
     DecodeGather,
     DecodeRead,
     DecodeRuns,
+    DecodeSpans,
     DecodeStrided,
     PrefillContiguous,
     PrefillGather,
     PrefillRuns,
 )
-from strata.runner.reads import ChunkCells, contiguous, runs_of, split_for_rows, strided_slots
+from strata.runner.reads import ChunkCells, chunk_runs, contiguous, runs_of, split_for_rows, strided_slots
 
 
 @dataclass(frozen=True)
@@ -98,11 +99,26 @@ def _decode_groups(decode: Sequence[LaneWork], cells: ChunkCells) -> tuple[list[
     return ordered, tuple(groups)
 
 
-def build_inputs(work: Sequence[LaneWork], cells: ChunkCells) -> StepInputs:
+def _decode_spans(decode: Sequence[LaneWork], chunk_size: int, kernel: Callable) -> tuple[DecodeRead, ...]:
+    """Every decode row in one read: each lane's table as runs of consecutive chunks."""
+    spans: list[tuple[int, int]] = []
+    row_spans = [0]
+    for w in decode:
+        spans += [(r.start, r.stop - r.start) for r in chunk_runs(w.chunk_ids, w.num_cells, chunk_size)]
+        row_spans.append(len(spans))
+    return (DecodeSpans(0, len(decode), torch.tensor(spans, dtype=torch.long),
+                        torch.tensor(row_spans, dtype=torch.long), kernel),)
+
+
+def build_inputs(work: Sequence[LaneWork], cells: ChunkCells, decode_kernel: Callable | None = None) -> StepInputs:
+    """`decode_kernel`: the fused decode attention where the model and K/V allow it (runner);
+    then every decoding lane is read through it (`DecodeSpans`), else by the groups above."""
     chunk_size = cells.chunk_size
-    decode, decode_groups = _decode_groups(
-        sorted((w for w in work if len(w.token_ids) == 1), key=lambda w: w.num_cells), cells
-    )
+    decoding = [w for w in work if len(w.token_ids) == 1]
+    if decode_kernel is not None and decoding:
+        decode, decode_groups = decoding, _decode_spans(decoding, chunk_size, decode_kernel)
+    else:
+        decode, decode_groups = _decode_groups(sorted(decoding, key=lambda w: w.num_cells), cells)
     prefill = [w for w in work if len(w.token_ids) > 1]
     ordered = tuple(decode + prefill)
     ids: list[int] = []

@@ -53,7 +53,7 @@ class ModelRunner:
         work = plan.work
         if self.drafter is not None and any(w.draft_slots for w in work):
             work = with_drafts(work, self.drafter.propose(work))
-        inputs = build_inputs(work, self.cells)
+        inputs = build_inputs(work, self.cells, self._decode_kernel())
         logits = self._forward(inputs, inputs.logits_rows, plan.busy_lanes)
         return self._sample(logits, inputs.sample_work, params, generators)
 
@@ -89,8 +89,12 @@ class ModelRunner:
     @torch.inference_mode()
     def logits_for(self, work: Sequence) -> torch.Tensor:
         """Float32 logits for every token row of `work` (tests compare them with transformers)."""
-        inputs = build_inputs(work, self.cells)
+        inputs = build_inputs(work, self.cells, self._decode_kernel())
         return self._forward(inputs, torch.arange(inputs.input_ids.numel()))
+
+    def _decode_kernel(self):
+        """The fused decode attention for this step's decode rows, or None (the ring reads its own way)."""
+        return self.model.decode_attention_kernel(self.kv.dtype) if self.ring is None else None
 
     def _forward(self, inputs: StepInputs, logits_rows: torch.Tensor, busy_lanes: Sequence[int] = ()) -> torch.Tensor:
         """The model over `inputs`, reading K/V from the pool or through the ring (whose budget

@@ -45,6 +45,53 @@ def test_rope_write_rotates_q_and_k_and_writes_k_and_v_to_their_cells(decode_ops
     assert (k_cache[:, untouched] == 0).all() and (v_cache[:, untouched] == 0).all()
 
 
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("group,dim", [(3, 64), (1, 16), (5, 32), (8, 128)])
+def test_decode_attention_matches_sdpa_over_spans(decode_ops, dtype, tol, group, dim):
+    """Rows over spans of one storage: one cell, one span, several out of order, a span of one
+    cell, 1000 cells (many blocks of the kernel), a lane whose spans come in reverse storage order."""
+    g = torch.Generator().manual_seed(group * dim)
+    kv_heads, cells = 3, 4096
+    k = torch.randn(kv_heads, cells, dim, generator=g).to(dtype)
+    v = torch.randn(kv_heads, cells, dim, generator=g).to(dtype)
+    rows = [[(0, 1)], [(10, 70)], [(100, 33), (2000, 1), (500, 64)], [(3000, 1000)], [(1200, 8), (1100, 8)],
+            [(4000, 96)], [(129, 127), (7, 2)]]
+    spans = torch.tensor([s for r in rows for s in r], dtype=torch.long)
+    row_spans = torch.tensor([0, *torch.tensor([len(r) for r in rows]).cumsum(0).tolist()], dtype=torch.long)
+    q = torch.randn(len(rows), kv_heads * group, dim, generator=g).to(dtype)
+    got = decode_ops.decode_attention(q, k, v, spans, row_spans, dim**-0.5)
+    for r, row in enumerate(rows):
+        idx = torch.cat([torch.arange(a, a + n) for a, n in row])
+        qg = q[r].float().view(1, kv_heads, group, dim)
+        want = F.scaled_dot_product_attention(qg, k[:, idx].float().unsqueeze(0), v[:, idx].float().unsqueeze(0))
+        torch.testing.assert_close(got[r].float(), want.view(kv_heads * group, dim), rtol=tol, atol=tol)
+
+
+def test_decode_attention_reads_strided_queries_and_storage(decode_ops):
+    """q as a view of q|k side by side (rows not contiguous), storage a strided view of a
+    larger cache: the same result as from contiguous copies."""
+    g = torch.Generator().manual_seed(1)
+    qk = torch.randn(2, 9 + 3, 16, generator=g)
+    big = torch.randn(2, 3, 64, 16, generator=g)
+    spans, row_spans = torch.tensor([[0, 20], [30, 5]]), torch.tensor([0, 1, 2])
+    got = decode_ops.decode_attention(qk[:, :9], big[0], big[1], spans, row_spans, 0.25)
+    want = decode_ops.decode_attention(qk[:, :9].contiguous(), big[0].clone(), big[1].clone(), spans, row_spans, 0.25)
+    assert torch.equal(got, want)
+
+
+def test_decode_attention_refuses_spans_outside_storage(decode_ops):
+    k = torch.zeros(1, 32, 16)
+    with pytest.raises(RuntimeError, match="outside storage"):
+        decode_ops.decode_attention(torch.zeros(1, 1, 16), k, k, torch.tensor([[20, 13]]), torch.tensor([0, 1]), 1.0)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
+def test_silu_mul_matches_torch(decode_ops, dtype, tol):
+    gate_up = (torch.randn(5, 2 * 96, generator=torch.Generator().manual_seed(3)) * 4).to(dtype)
+    gate, up = gate_up.chunk(2, dim=-1)
+    torch.testing.assert_close(decode_ops.silu_mul(gate_up), F.silu(gate) * up, rtol=tol, atol=tol)
+
+
 def rope_inv_freq_for(dim: int) -> torch.Tensor:
     return 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim))
 

@@ -11,6 +11,7 @@ from strata.models.cell_reads import (
     DecodeContiguous,
     DecodeGather,
     DecodeRuns,
+    DecodeSpans,
     DecodeStrided,
     PrefillContiguous,
     PrefillGather,
@@ -22,6 +23,28 @@ from strata.runner.reads import MAX_RUNS, MIN_RUN_CELLS, ChunkCells
 
 def work(lane, tokens, start, chunks, sample=True):
     return LaneWork(lane, f"r{lane}", tuple(tokens), start, tuple(chunks), sample)
+
+
+def test_with_the_fused_kernel_every_decode_row_reads_its_runs_of_chunks():
+    """One `DecodeSpans` for all decoding lanes, rows in work order, each lane's chunk table as
+    runs of consecutive chunks (the last cut to its cells); prefill pieces read as before."""
+    c = 4
+    kernel = object()
+    ws = [
+        work(0, [11, 12], 0, [9]),  # a prefill piece
+        work(1, [21], 9, [2, 3, 7]),  # 10 cells: chunks 2-3 in a run, then 2 cells of chunk 7
+        work(2, [31], 0, [5]),  # 1 cell
+        work(3, [41], 7, [0, 1]),  # 8 cells in one run
+    ]
+    inp = build_inputs(ws, ChunkCells(c, 64), kernel)
+    assert [w.lane for w in inp.work] == [1, 2, 3, 0]
+    (d,) = inp.meta.decode
+    assert isinstance(d, DecodeSpans) and (d.row_start, d.num_rows) == (0, 3) and d.kernel is kernel
+    assert d.spans.tolist() == [[8, 8], [28, 2], [20, 1], [0, 8]]
+    assert d.row_spans.tolist() == [0, 2, 3, 4]
+    assert inp.meta.write_index.tolist()[:3] == [29, 20, 7]
+    (p,) = inp.meta.prefills
+    assert isinstance(p, PrefillContiguous) and (p.row_start, p.row_end) == (3, 5)
 
 
 def test_decode_rows_come_first_and_address_their_cells():
