@@ -30,6 +30,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import interleaved, medians, peak_rss_mib, print_table, run_arm, write_json
+from benchmarks.decode_parts.plot import plot
 
 PARAGRAPH = (
     "The lighthouse keeper climbed the spiral stairs each evening, counting the steps as his father "
@@ -278,7 +279,8 @@ def main() -> None:
         rows,
     )
     path = write_json("decode.json", {"args": vars(args), "raw": raw, "median": med, "table": table})
-    print(f"raw numbers: {path}")
+    plot(med, LABELS, os.path.splitext(path)[0] + ".png")
+    print(f"raw numbers: {path} (plot: decode.png next to it)")
 
 
 if __name__ == "__main__":

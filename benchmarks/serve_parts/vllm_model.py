@@ -17,7 +17,7 @@ def bf16_copy(gguf_path: str, out_dir: str) -> str:
     try:
         with open(marker) as f:
             if json.load(f) == source:
-                return out_dir
+                return _without_gguf_quantization(out_dir)
     except (OSError, ValueError):
         pass
     import torch
@@ -32,4 +32,16 @@ def bf16_copy(gguf_path: str, out_dir: str) -> str:
     AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(out_dir)
     with open(marker, "w") as f:
         json.dump(source, f)
+    return _without_gguf_quantization(out_dir)
+
+
+def _without_gguf_quantization(out_dir: str) -> str:
+    """transformers keeps `quantization_config: {quant_method: gguf}` in the config of a model
+    loaded from a GGUF, though the tensors written are dense bf16; vLLM refuses that method."""
+    path = os.path.join(out_dir, "config.json")
+    with open(path) as f:
+        config = json.load(f)
+    if config.pop("quantization_config", None) is not None:
+        with open(path, "w") as f:
+            json.dump(config, f, indent=2)
     return out_dir
