@@ -15,6 +15,11 @@ from strata.models.q4 import GROUP, Q4Weight, pack_for_cpu
 from strata.models.config import ModelConfig
 
 
+# The fused ops' loops are scalar per row (strata/csrc): they win where a step has few rows
+# (decode: dispatch dominates) and lose to torch's vectorised kernels on prompt pieces.
+FUSED_MAX_ROWS = 64
+
+
 class RMSNorm:
     def __init__(self, weight: torch.Tensor, eps: float):
         self.weight = weight  # [dim]
@@ -22,13 +27,14 @@ class RMSNorm:
 
     def __call__(self, x: torch.Tensor, ops=None) -> torch.Tensor:
         """x [rows, dim]; `ops`: the fused decode ops (models/fused.py) or None."""
-        if ops is not None and x.dim() == 2 and x.is_contiguous():
+        if ops is not None and x.dim() == 2 and x.shape[0] <= FUSED_MAX_ROWS and x.is_contiguous():
             return ops.rms_norm(x, self.weight, self.eps)
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
     def add_and_norm(self, x: torch.Tensor, delta: torch.Tensor, ops=None) -> tuple[torch.Tensor, torch.Tensor]:
         """(x + delta, rms_norm(x + delta)); with `ops`, x [rows, dim] is updated in place."""
-        if ops is not None and x.dim() == 2 and x.is_contiguous() and delta.is_contiguous():
+        if ops is not None and x.dim() == 2 and x.shape[0] <= FUSED_MAX_ROWS and x.is_contiguous() \
+                and delta.is_contiguous():
             return x, ops.add_rms_norm(x, delta, self.weight, self.eps)
         x = x + delta
         return x, self(x)
