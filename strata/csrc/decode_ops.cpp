@@ -21,6 +21,8 @@
 #include <cstring>
 #include <vector>
 
+#include "vec.h"
+
 namespace strata {
 torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor spans,
                                torch::Tensor row_spans, double scale);
@@ -113,25 +115,40 @@ torch::Tensor rope_write(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin
   return q;
 }
 
+template <typename T>
+void silu_mul_row(const T* g, const T* u, T* y, int64_t n) {
+  // As torch: silu(gate) = gate / (1 + e^-gate) rounds to T, then the product rounds again.
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 a = strata::load8(g + i);
+    const __m256 e = strata::exp8(_mm256_sub_ps(_mm256_setzero_ps(), a));
+    const __m256 s = strata::round_to(_mm256_div_ps(a, _mm256_add_ps(_mm256_set1_ps(1.f), e)), g);
+    strata::store8(y + i, _mm256_mul_ps(s, strata::load8(u + i)));
+  }
+  for (; i < n; ++i) {
+    const float a = to_f(g[i]);
+    y[i] = static_cast<T>(to_f(static_cast<T>(a / (1.f + std::exp(-a)))) * to_f(u[i]));
+  }
+}
+
 torch::Tensor silu_mul(torch::Tensor gate_up) {
   const int64_t rows = gate_up.size(0), n = gate_up.size(1) / 2;
   TORCH_CHECK(gate_up.stride(1) == 1 && gate_up.size(1) == 2 * n, "silu_mul: gate_up layout");
+  TORCH_CHECK(gate_up.scalar_type() == at::kFloat || gate_up.scalar_type() == at::kBFloat16, "silu_mul: dtype");
   auto y = torch::empty({rows, n}, gate_up.options());
-  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, gate_up.scalar_type(), "silu_mul", [&] {
+  AT_DISPATCH_SWITCH(gate_up.scalar_type(), "silu_mul", AT_DISPATCH_CASE(at::kFloat, [&] {
     const scalar_t* gp = gate_up.data_ptr<scalar_t>();
     scalar_t* yp = y.data_ptr<scalar_t>();
-    at::parallel_for(0, rows, 4, [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) {
-        const scalar_t* g = gp + r * gate_up.stride(0);
-        // As torch: silu(gate) rounds to the dtype, then the product rounds again.
-        for (int64_t i = 0; i < n; ++i) {
-          const float a = to_f(g[i]);
-          const float s = to_f(static_cast<scalar_t>(a / (1.f + std::exp(-a))));
-          yp[r * n + i] = static_cast<scalar_t>(s * to_f(g[n + i]));
-        }
-      }
+    at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) silu_mul_row(gp + r * gate_up.stride(0), gp + r * gate_up.stride(0) + n, yp + r * n, n);
     });
-  });
+  }) AT_DISPATCH_CASE(at::kBFloat16, [&] {
+    const scalar_t* gp = gate_up.data_ptr<scalar_t>();
+    scalar_t* yp = y.data_ptr<scalar_t>();
+    at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) silu_mul_row(gp + r * gate_up.stride(0), gp + r * gate_up.stride(0) + n, yp + r * n, n);
+    });
+  }));
   return y;
 }
 
