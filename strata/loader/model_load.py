@@ -29,7 +29,7 @@ class ModelLoad:
             self.key = prepared.cache_key(path, dtype, weights, self.devices)
             self.cached = prepared.load(self.key) if self.key is not None else None
             if self.cached is None:
-                source = open_model(path, keep_q4=weights != "dense")
+                source = open_model(path, weights=weights, dtype=dtype)
         self.source = source
         origin = self.cached if self.cached is not None else source
         self.config, self.tokenizer, self.fingerprint = origin.config, origin.tokenizer, origin.fingerprint

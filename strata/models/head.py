@@ -16,10 +16,16 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from strata.models.fused import load_quant_ops
+from strata.models.quant import QuantMatmul, QuantWeight
+
 # Steps of at most this many rows read the int8 copy. torch 2.13 on a 2-thread Sapphire
 # Rapids, default model's head: 1 row 1.3 ms vs 3.1 ms bf16; 4 rows 2.3 vs 3.3; 8 rows
 # 5.0 vs 3.2 (the int8 kernel's cost grows with rows, the dense one's barely does).
 INT8_HEAD_MAX_ROWS = 4
+# Decode steps of at most this many rows read a quantized head in place beside its dense copy
+# (--weights auto, bfloat16; benchmarks/quant_kernels.py --head).
+QUANT_HEAD_MAX_ROWS = 8
 
 
 @dataclass(frozen=True)
@@ -66,9 +72,35 @@ class Int8Head(DenseHead):
         return F.linear(x, self.weight)
 
 
-def make_head(weight: torch.Tensor, weight_mode: str) -> DenseHead:
-    """int8 at decode when the weights are kept quantised (`--weights auto|native`), the
-    compute dtype is bfloat16 and the head is on the CPU; dense otherwise (float32 stays exact)."""
-    if weight_mode != "dense" and weight.dtype == torch.bfloat16 and weight.device.type == "cpu":
-        return Int8Head(weight)
-    return DenseHead(weight)
+class QuantHead(DenseHead):
+    """The file's quantized head (the embedding when tied) read in place (models/quant.py): at
+    every step without a dense weight (native), else at steps of at most `max_rows` rows."""
+
+    def __init__(self, quant: QuantMatmul, weight: torch.Tensor | None, max_rows: int | None = None):
+        super().__init__(weight)
+        self.quant = quant
+        self.max_rows = max_rows
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weight is None or (self.max_rows is not None and x.shape[0] <= self.max_rows):
+            return self.quant(x)
+        return F.linear(x, self.weight)
+
+
+def make_head(weight: torch.Tensor | None, quant: QuantWeight | None, weight_mode: str, dtype: torch.dtype,
+              device: torch.device) -> DenseHead:
+    """`weight`: [vocab, hidden] in the compute dtype on `device`, or None (native: only `quant`,
+    the file's blocks). native reads `quant` in place at every step; auto in bfloat16 reads it
+    at decode steps of up to QUANT_HEAD_MAX_ROWS rows (else the int8 copy where the file's head
+    is not quantized); float32 auto and dense read the dense weight (float32 stays exact)."""
+    in_place = (quant is not None and device.type == "cpu" and weight_mode != "dense"
+                and load_quant_ops() is not None)
+    if in_place and weight_mode == "native":
+        return QuantHead(QuantMatmul([quant]), None)
+    if weight is None:
+        weight = quant.dequantize(dtype).to(device)
+    if weight_mode == "dense" or dtype != torch.bfloat16 or device.type != "cpu":
+        return DenseHead(weight)
+    if in_place:
+        return QuantHead(QuantMatmul([quant]), weight, QUANT_HEAD_MAX_ROWS)
+    return Int8Head(weight)
