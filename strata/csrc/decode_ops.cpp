@@ -10,8 +10,8 @@
 //       [kv_heads, cells, dim], returns q [tokens, heads, dim]
 //   silu_mul(gate_up)                      gate_up [rows, 2 n] -> silu(gate) * up [rows, n]
 //   decode_attention(q, k_cache, v_cache, spans, row_spans, scale)    (decode_attention.cpp)
-//   quant_matmul, quant_dequant_rows, quant_isa, quant_isas, set_quant_isa: quantized GGUF
-//       weights read in place (quant_ops.cpp)
+//   QuantLinear, quant_matmul, quant_dequant_rows, quant_isa, quant_isas, set_quant_isa:
+//       quantized GGUF weights read in place (quant_ops.cpp)
 // Tensors are bfloat16 or float32 and contiguous in their last dim (checked in Python).
 // Built with -fopenmp: at::parallel_for then runs on torch's own OpenMP threads (the
 // extension's libgomp.so.1 is the one torch has already loaded).
@@ -23,16 +23,12 @@
 #include <cstring>
 #include <vector>
 
+#include "quant_ops.h"
 #include "vec.h"
 
 namespace strata {
 torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor spans,
                                torch::Tensor row_spans, double scale);
-torch::Tensor quant_matmul(torch::Tensor x, std::vector<torch::Tensor> weights, std::vector<int64_t> types, bool int8);
-torch::Tensor quant_dequant_rows(torch::Tensor w, int64_t type, torch::Tensor ids, at::ScalarType dtype);
-std::string quant_isa();
-std::vector<std::string> quant_isas();
-void set_quant_isa(const std::string& name);
 }  // namespace strata
 
 namespace {
@@ -167,6 +163,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope_write", &rope_write);
   m.def("silu_mul", &silu_mul);
   m.def("decode_attention", &strata::decode_attention);
+  pybind11::class_<strata::QuantLinear>(m, "QuantLinear")
+      .def(pybind11::init<std::vector<torch::Tensor>, std::vector<int64_t>>())
+      .def("__call__", &strata::QuantLinear::forward)
+      .def_property_readonly("in_features", &strata::QuantLinear::in_features)
+      .def_property_readonly("out_features", &strata::QuantLinear::out_features);
   m.def("quant_matmul", &strata::quant_matmul);
   m.def("quant_dequant_rows", &strata::quant_dequant_rows);
   m.def("quant_isa", &strata::quant_isa);

@@ -42,17 +42,19 @@ inline int block_bytes(int type) {
   }
 }
 
-// Quantized activation rows, each of k values. For the 32-value types: q [rows, k] int8,
-// d32 [rows, k / 32] (value = d32 * q), s32 [rows, k / 32] = d32 * sum(q of the block).
-// For the K-quants: q256 [rows, k], d256 [rows, k / 256], bsums [rows, k / 16] (sums of q per 16).
+// Quantized activation rows, each of k values; `pitch` >= rows is a multiple of 8 (a tile
+// of 8 rows reads its 8 scales at once). For the 32-value types: q [rows, k] int8, and per
+// block b of row j d32[b * pitch + j] (value = d32 * q) and s32[b * pitch + j] = d32 * sum(q
+// of the block). For the K-quants: q256 [rows, k], d256[b * pitch + j] per 256 values,
+// bsums [rows, k / 16] (sums of q per 16).
 struct Act {
-  int64_t k = 0;
-  const int8_t* q = nullptr;
-  const float* d32 = nullptr;
-  const float* s32 = nullptr;
-  const int8_t* q256 = nullptr;
-  const float* d256 = nullptr;
-  const int16_t* bsums = nullptr;
+  int64_t k = 0, pitch = 0;
+  int8_t* q = nullptr;
+  float* d32 = nullptr;
+  float* s32 = nullptr;
+  int8_t* q256 = nullptr;
+  float* d256 = nullptr;
+  int16_t* bsums = nullptr;
 };
 
 // One weight row `w` (k values of `type`) times `rows` activation rows: out[j] for row j.
@@ -60,14 +62,15 @@ using Int8Dot = void (*)(int type, const uint8_t* w, const Act& a, int64_t rows,
 // The same with float32 activations x [rows, k] (row stride k); `scratch` holds 256 floats.
 using FloatDot = void (*)(int type, const uint8_t* w, int64_t k, const float* x, int64_t rows, float* out,
                           float* scratch);
+// Row j of x (float32, or bfloat16 when bf16) into an Act's q/d32/s32 (and/or q256/d256/bsums).
+using Quantize = void (*)(const void* x, bool bf16, int64_t j, Act& a, bool want32, bool want256);
 
 struct Kernels {
   const char* name;
   Int8Dot int8_dot;
   FloatDot float_dot;
   void (*dequant_row)(int type, const uint8_t* w, int64_t k, float* out);
-  void (*quantize32)(const float* x, int64_t k, int8_t* q, float* d, float* s);  // one row
-  void (*quantize256)(const float* x, int64_t k, int8_t* q, float* d, int16_t* bsums);  // one row
+  Quantize quantize;
 };
 
 const Kernels& avx2_kernels();

@@ -76,16 +76,15 @@ class QuantMatmul:
         self._bind()
 
     def _bind(self) -> None:
-        self._ops = load_quant_ops()
-        if self._ops is None:
+        ops = load_quant_ops()
+        if ops is None:
             raise RuntimeError("strata's quantized kernels are not built (strata/_decode_ops): "
                                "reinstall with a compiler (`make venv`) or use --weights dense")
-        self._raws = [p.raw for p in self.parts]
-        self._types = [p.qtype for p in self.parts]
+        self._kernel = ops.QuantLinear([p.raw for p in self.parts], [p.qtype for p in self.parts])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        x = x if x.stride(-1) == 1 else x.contiguous()
-        return self._ops.quant_matmul(x, self._raws, self._types, x.dtype != torch.float32)
+        """float32 x: dequantised weights (exact values); bfloat16 x: 8-bit activations."""
+        return self._kernel(x.contiguous(), x.dtype != torch.float32)
 
     @property
     def out_features(self) -> int:

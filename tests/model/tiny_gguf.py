@@ -16,12 +16,22 @@ from gguf.quants import dequantize, quantize
 VOCAB = 1024  # the first 1024 SmolLM2 tokens: specials, the 256 bytes, the first merges
 
 # Where each type's float16 scale fields sit in its block (ggml-common.h), for the types
-# gguf-py cannot quantize.
+# gguf-py cannot quantize, and their ratio (Q4_K/Q5_K: d / dmin, so the weights centre on 0).
 F16_FIELDS = {
-    QT.Q2_K: (80, 82), QT.Q3_K: (108,), QT.Q4_K: (0, 2), QT.Q5_K: (0, 2), QT.Q6_K: (208,),
-    QT.IQ4_NL: (0,), QT.IQ4_XS: (0,), QT.IQ2_XXS: (0,), QT.IQ2_XS: (0,), QT.IQ2_S: (0,),
-    QT.IQ3_XXS: (0,), QT.IQ3_S: (0,), QT.IQ1_S: (0,),
+    QT.Q2_K: {80: 1.0, 82: 1.0}, QT.Q3_K: {108: 1.0}, QT.Q4_K: {0: 1 / 8, 2: 1.0},
+    QT.Q5_K: {0: 1 / 16, 2: 1.0}, QT.Q6_K: {208: 1.0}, QT.IQ4_NL: {0: 1.0}, QT.IQ4_XS: {0: 1.0},
+    QT.IQ2_XXS: {0: 1.0}, QT.IQ2_XS: {0: 1.0}, QT.IQ2_S: {0: 1.0}, QT.IQ3_XXS: {0: 1.0},
+    QT.IQ3_S: {0: 1.0}, QT.IQ1_S: {0: 1.0},
 }
+
+
+def k4_scales(sc: np.ndarray, mn: np.ndarray) -> np.ndarray:
+    """Q4_K/Q5_K's 12 scale bytes from 6-bit scales and mins [..., 8] (ggml's packing)."""
+    out = np.zeros(sc.shape[:-1] + (12,), np.uint8)
+    out[..., 0:4] = (sc[..., :4] & 63) | ((sc[..., 4:] >> 4) << 6)
+    out[..., 4:8] = (mn[..., :4] & 63) | ((mn[..., 4:] >> 4) << 6)
+    out[..., 8:12] = (sc[..., 4:] & 0xF) | ((mn[..., 4:] & 0xF) << 4)
+    return out
 QUANTIZABLE = (QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.TQ1_0, QT.TQ2_0, QT.MXFP4)
 
 
@@ -33,10 +43,15 @@ def random_blocks(qtype: QT, rows: int, cols: int, rng: np.random.Generator, rms
     blocks = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
     fields = F16_FIELDS[qtype]
     spread = rng.uniform(0.5, 1.5, size=blocks.shape[:2] + (1,))  # each block its own scale
+    if qtype in (QT.Q4_K, QT.Q5_K):  # each group's min at its codes' mean: d sc (u - mean)
+        sc = rng.integers(16, 64, size=blocks.shape[:2] + (8,), dtype=np.uint8)
+        mean = 7.5 if qtype == QT.Q4_K else 15.5
+        mn = np.round(sc * mean * fields[0]).astype(np.uint8)
+        blocks[..., 4:16] = k4_scales(sc, mn)
 
     def set_scales(factor: float) -> None:
-        for off in fields:
-            blocks[..., off:off + 2] = (spread * factor).astype(np.float16).view(np.uint8)
+        for off, ratio in fields.items():
+            blocks[..., off:off + 2] = (spread * factor * ratio).astype(np.float16).view(np.uint8)
 
     set_scales(1.0)
     values = dequantize(blocks.reshape(rows, -1), qtype)

@@ -177,8 +177,10 @@ def test_dequantised_rows_are_gguf_bit_for_bit(ops, qtype):
 
 def test_bad_arguments_are_errors(ops):
     raw = torch.from_numpy(random_blocks(QT.Q4_0, 4, 64, 0.01, np.random.default_rng(0)))
-    with pytest.raises(RuntimeError, match="rows of 36 bytes"):
+    with pytest.raises(RuntimeError, match="need rows of 18 bytes of type 2, got 30"):
         ops.quant_matmul(torch.zeros(1, 64), [raw[:, :30].contiguous()], [int(QT.Q4_0)], True)
+    with pytest.raises(RuntimeError, match=r"x \[rows, 64\]"):
+        ops.quant_matmul(torch.zeros(1, 96), [raw], [int(QT.Q4_0)], True)
     with pytest.raises(RuntimeError, match="not read in place"):
         ops.quant_matmul(torch.zeros(1, 64), [raw], [int(QT.Q2_K)], True)
     with pytest.raises(RuntimeError, match="outside"):
