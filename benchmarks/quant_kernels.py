@@ -11,8 +11,9 @@ where a prompt piece starts to prefer dense weights), this times:
 - dense: `F.linear` on bfloat16 and float32 weights (torch's oneDNN GEMM; AMX where present).
 
 Weights are random blocks of each type (speed does not depend on the values). Every
-arm runs in this process, interleaved, and the table reports the median of `--rounds`
-per-layer times in microseconds and each arm's ratio to dense bfloat16.
+arm runs in this process, interleaved; a projection's time is the median of `--reps` calls,
+a layer's the sum of its projections', and the table reports the median of `--rounds`
+layer times in microseconds and each arm's ratio to dense bfloat16.
 
     python benchmarks/quant_kernels.py [--threads 2] [--rounds 5] [--isa auto|avx2|avx512_vnni]
 """
@@ -55,11 +56,15 @@ def random_blocks(qtype: int, out: int, k: int, rng: np.random.Generator) -> tor
 
 
 def timed(fn, reps: int) -> float:
+    """The median of `reps` single calls, microseconds (a shared machine: one call descheduled
+    by another process's work does not move it)."""
     fn()
-    t = time.perf_counter()
+    times = []
     for _ in range(reps):
+        t = time.perf_counter()
         fn()
-    return (time.perf_counter() - t) / reps * 1e6
+        times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1e6
 
 
 def arms_for(shapes: dict, ops, rng) -> dict[str, list]:

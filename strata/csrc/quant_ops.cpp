@@ -144,14 +144,23 @@ torch::Tensor quant_dequant_rows(torch::Tensor w, int64_t type, torch::Tensor id
   const int64_t* id = idc.data_ptr<int64_t>();
   for (int64_t i = 0; i < count; ++i)
     TORCH_CHECK(id[i] >= 0 && id[i] < out_rows, "quant_dequant_rows: row ", id[i], " outside [0, ", out_rows, ")");
-  auto out = torch::empty({count, k}, w.options().dtype(at::kFloat));
+  auto out = torch::empty({count, k}, w.options().dtype(dtype));
   const quant::Kernels& kern = *chosen().load();
   const uint8_t* wp = w.data_ptr<uint8_t>();
-  float* op = out.data_ptr<float>();
   at::parallel_for(0, count, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) kern.dequant_row(static_cast<int>(type), wp + id[i] * row_bytes, k, op + i * k);
+    std::vector<float> row(dtype == at::kFloat ? 0 : k);  // bfloat16 out: each row through float32
+    for (int64_t i = begin; i < end; ++i) {
+      const uint8_t* src = wp + id[i] * row_bytes;
+      if (dtype == at::kFloat) {
+        kern.dequant_row(static_cast<int>(type), src, k, out.data_ptr<float>() + i * k);
+        continue;
+      }
+      kern.dequant_row(static_cast<int>(type), src, k, row.data());
+      c10::BFloat16* dst = out.data_ptr<c10::BFloat16>() + i * k;
+      for (int64_t c = 0; c < k; ++c) dst[c] = static_cast<c10::BFloat16>(row[c]);
+    }
   });
-  return dtype == at::kFloat ? out : out.to(dtype);
+  return out;
 }
 
 std::string quant_isa() { return chosen().load()->name; }

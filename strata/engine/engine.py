@@ -34,7 +34,6 @@ from strata.loader import ModelSource
 from strata.loader.build import TORCH_DTYPES
 from strata.loader.model_load import ModelLoad
 from strata.models.config import ModelConfig
-from strata.models.layers import QUANT_MAX_ROWS
 from strata.runner.drafter import check_draft_vocab, load_drafter
 from strata.runner.runner import ModelRunner
 from strata.sampler import make_generator
@@ -110,8 +109,8 @@ class Engine:
         self.scheduler = Scheduler(self.layout, config.num_lanes, self.max_context, config.prefill_chunk,
                                    config.prefill_alone, spec_k=config.spec_k if config.spec != "off" else 0,
                                    spec_by_model=config.spec == "draft")
-        if self.scheduler.drafts is not None and self.model.has_quant:
-            self.scheduler.drafts.max_step_rows = QUANT_MAX_ROWS
+        if self.scheduler.drafts is not None and self.model.quant_max_rows is not None:
+            self.scheduler.drafts.max_step_rows = self.model.quant_max_rows
         self.stop_token_ids = frozenset(cfg.eos_token_ids) | frozenset(self.tokenizer.eos_token_ids)
         self.requests: dict[str, RequestState] = {}
         self._ids = itertools.count()

@@ -20,6 +20,7 @@ from strata.models.quant import QuantWeight
 log = logging.getLogger("strata.loader")
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 @dataclass
@@ -69,5 +70,5 @@ def open_model(path: str | None = None, weights: str = "dense", dtype: str = "bf
         log.warning(warning)
     tokenizer = Tokenizer.from_gguf(reader, path)
     config = dataclasses.replace(config, eos_token_ids=tuple(tokenizer.eos_token_ids))
-    return ModelSource(path, config, tokenizer, len(reader.tensors), iter_gguf_tensors(reader, config, path, weights),
-                       fingerprint.weights_fingerprint(path, config))
+    tensors = iter_gguf_tensors(reader, config, path, weights, TORCH_DTYPES.get(dtype, torch.float32))
+    return ModelSource(path, config, tokenizer, len(reader.tensors), tensors, fingerprint.weights_fingerprint(path, config))

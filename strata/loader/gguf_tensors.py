@@ -52,10 +52,11 @@ def permuted_heads(cfg: ModelConfig, name: str) -> int | None:
     return None
 
 
-def iter_gguf_tensors(reader: GGUFReader, cfg: ModelConfig, path: str,
-                      weights: str = "dense") -> Iterator[tuple[str, torch.Tensor | QuantWeight]]:
-    """Yields (Hugging Face name, float32 tensor in HF's [out, in] layout) and, per `weights`,
-    (name + ".quant", QuantWeight). Names and types were checked first (gguf_checks.py)."""
+def iter_gguf_tensors(reader: GGUFReader, cfg: ModelConfig, path: str, weights: str = "dense",
+                      dtype: torch.dtype = torch.float32) -> Iterator[tuple[str, torch.Tensor | QuantWeight]]:
+    """Yields (Hugging Face name, tensor in HF's [out, in] layout: float32, or `dtype` for the
+    dense copies of types read in place) and, per `weights`, (name + ".quant", QuantWeight).
+    Names and types were checked first (gguf_checks.py)."""
     assert weights in WEIGHT_MODES
     with open(path, "rb", buffering=0) as f:
         for t in reader.tensors:
@@ -69,7 +70,7 @@ def iter_gguf_tensors(reader: GGUFReader, cfg: ModelConfig, path: str,
                 if heads is not None:
                     qw = qw.rows(unpermute_qk(torch.arange(shape[0]).unsqueeze(1), heads).squeeze(1))
                 if weights != "native":
-                    yield name, qw.dequantize(torch.float32)
+                    yield name, qw.dequantize(dtype)
                 if weights != "dense":
                     yield name + ".quant", qw
                 continue

@@ -42,7 +42,7 @@ CACHE_ENV = "STRATA_CACHE_DIR"
 FORMAT = 2  # bump when what an entry holds changes shape
 MAX_ENTRIES = 4
 # The modules whose classes an entry pickles: their source is part of the key.
-_PICKLED_MODULES = ("head.py", "layers.py", "llama.py", "config.py", "quant.py")
+_PICKLED_MODULES = ("head.py", "layers.py", "linear.py", "llama.py", "config.py", "quant.py", "q4.py")
 
 
 @dataclass

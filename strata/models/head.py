@@ -23,8 +23,8 @@ from strata.models.quant import QuantMatmul, QuantWeight
 # Rapids, default model's head: 1 row 1.3 ms vs 3.1 ms bf16; 4 rows 2.3 vs 3.3; 8 rows
 # 5.0 vs 3.2 (the int8 kernel's cost grows with rows, the dense one's barely does).
 INT8_HEAD_MAX_ROWS = 4
-# Decode steps of at most this many rows read a quantized head in place beside its dense copy
-# (--weights auto, bfloat16; benchmarks/quant_kernels.py --head).
+# float32 decode steps of at most this many rows read a quantized head in place beside its
+# dense copy (--weights auto; benchmarks/quant_kernels.py --head).
 QUANT_HEAD_MAX_ROWS = 8
 
 
@@ -34,14 +34,19 @@ class Int8Rows:
     scale: torch.Tensor  # [vocab] in the compute dtype
 
     @staticmethod
-    def quantize(weight: torch.Tensor) -> Int8Rows:
-        """Per-row symmetric int8 of `weight` [vocab, hidden] (any float dtype)."""
-        w = weight.float()
-        # The scale the kernel will use (rounded to the weight's dtype) is the one the codes are
-        # rounded against, so every value is within half a step of q * scale.
-        scale = (w.abs().amax(dim=1) / 127).to(weight.dtype).float().clamp_min(torch.finfo(torch.float32).tiny)
-        codes = torch.round(w / scale.unsqueeze(1)).clamp_(-127, 127).to(torch.int8)
-        return Int8Rows(codes, scale.to(weight.dtype))
+    def quantize(weight: torch.Tensor, chunk: int = 4096) -> Int8Rows:
+        """Per-row symmetric int8 of `weight` [vocab, hidden] (any float dtype), `chunk` rows at a
+        time (the float32 temporaries of a whole vocabulary would be 3x its bfloat16 size)."""
+        codes = torch.empty(weight.shape, dtype=torch.int8, device=weight.device)
+        scales = torch.empty(weight.shape[0], dtype=weight.dtype, device=weight.device)
+        for start in range(0, weight.shape[0], chunk):
+            w = weight[start:start + chunk].float()
+            # The scale the kernel will use (rounded to the weight's dtype) is the one the codes are
+            # rounded against, so every value is within half a step of q * scale.
+            scale = (w.abs().amax(dim=1) / 127).to(weight.dtype).float().clamp_min(torch.finfo(torch.float32).tiny)
+            codes[start:start + chunk] = torch.round(w / scale.unsqueeze(1)).clamp_(-127, 127).to(torch.int8)
+            scales[start:start + chunk] = scale.to(weight.dtype)
+        return Int8Rows(codes, scales)
 
     def dequantize(self) -> torch.Tensor:
         """[vocab, hidden] float32 (what the int8 kernel multiplies by)."""
@@ -90,17 +95,21 @@ class QuantHead(DenseHead):
 def make_head(weight: torch.Tensor | None, quant: QuantWeight | None, weight_mode: str, dtype: torch.dtype,
               device: torch.device) -> DenseHead:
     """`weight`: [vocab, hidden] in the compute dtype on `device`, or None (native: only `quant`,
-    the file's blocks). native reads `quant` in place at every step; auto in bfloat16 reads it
-    at decode steps of up to QUANT_HEAD_MAX_ROWS rows (else the int8 copy where the file's head
-    is not quantized); float32 auto and dense read the dense weight (float32 stays exact)."""
+    the file's blocks). native reads `quant` in place at every step. auto in bfloat16 reads the
+    int8 copy at decode steps (torch's int8 kernel: 4.4 ms a row against 5.1 ms for the file's
+    Q8_0 blocks in place, benchmarks/quant_kernels.py --head); auto in float32 reads `quant` in
+    place at steps of up to QUANT_HEAD_MAX_ROWS rows (the dense weight's exact values against
+    float32 activations: 7.7 ms a row against 66 ms dense). dense reads the dense weight."""
     in_place = (quant is not None and device.type == "cpu" and weight_mode != "dense"
                 and load_quant_ops() is not None)
     if in_place and weight_mode == "native":
         return QuantHead(QuantMatmul([quant]), None)
     if weight is None:
         weight = quant.dequantize(dtype).to(device)
-    if weight_mode == "dense" or dtype != torch.bfloat16 or device.type != "cpu":
+    if weight_mode == "dense" or device.type != "cpu":
         return DenseHead(weight)
+    if dtype == torch.bfloat16:
+        return Int8Head(weight)
     if in_place:
         return QuantHead(QuantMatmul([quant]), weight, QUANT_HEAD_MAX_ROWS)
-    return Int8Head(weight)
+    return DenseHead(weight)

@@ -1,4 +1,4 @@
-"""Model-agnostic layers: RMSNorm, rotary embedding, linear projections.
+"""Model-agnostic layers: RMSNorm, rotary embedding, the token embedding (projections: linear.py).
 
 Hot-path classes are plain objects holding tensors (no nn.Module dispatch per call).
 """
@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from strata.models.config import ModelConfig
 from strata.models.fused import load_quant_ops
-from strata.models.quant import QuantMatmul, QuantWeight
+from strata.models.quant import QuantWeight
 
 
 # The fused norms' loops are scalar per row (strata/csrc): they win where a step has few rows
@@ -59,107 +59,6 @@ class Embedding:
         if self.weight is not None:
             return F.embedding(ids, self.weight)
         return self.quant.dequantize_rows(ids, self.dtype)
-
-
-# With a dense copy as well (--weights auto), steps of up to this many rows read the quantized
-# weights and longer ones (prompt pieces) the dense copy, where torch's GEMM does better
-# (benchmarks/quant_kernels.py). With only the quantized weights (native) every step reads them.
-QUANT_MAX_ROWS = 8
-
-
-class Linear:
-    """y = x W^T (+ b) for one projection (q|k|v or gate|up side by side).
-
-    `weight`: dense [out, in] in the compute dtype, or None; `quant`: the file's quantized
-    parts read in place (models/quant.py), or None. With both, steps of at most
-    `QUANT_MAX_ROWS` rows read `quant`, longer ones the dense weight.
-    """
-
-    def __init__(self, weight: torch.Tensor | None, bias: torch.Tensor | None = None,
-                 quant: QuantMatmul | None = None):
-        assert weight is not None or quant is not None
-        self.weight = weight
-        self.bias = bias
-        self.quant = quant
-        self.quant_max_rows = QUANT_MAX_ROWS if weight is not None else None
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.quant is not None and (self.quant_max_rows is None or x.shape[0] <= self.quant_max_rows):
-            y = self.quant(x)
-            return y if self.bias is None else y + self.bias
-        return F.linear(x, self.weight, self.bias)
-
-    @property
-    def num_bytes(self) -> int:
-        parts = [self.weight, self.bias]
-        return sum(t.numel() * t.element_size() for t in parts if t is not None) + (
-            self.quant.num_bytes if self.quant is not None else 0)
-
-
-class Concat:
-    """Projections side by side whose parts are stored differently (some types read in place,
-    others dense): each run of parts is one Linear, their outputs concatenated."""
-
-    def __init__(self, runs: list[Linear], bias: torch.Tensor | None):
-        self.runs = runs
-        self.bias = bias
-        self.weight = None
-        self.quant = next((r.quant for r in runs if r.quant is not None), None)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.cat([r(x) for r in self.runs], dim=-1)
-        return y if self.bias is None else y + self.bias
-
-    @property
-    def num_bytes(self) -> int:
-        return sum(r.num_bytes for r in self.runs) + (0 if self.bias is None else self.bias.numel() * self.bias.element_size())
-
-
-def fused_linear(
-    weights: Mapping[str, torch.Tensor | QuantWeight],
-    names: Sequence[str],
-    bias_names: Sequence[str] | None,
-    weight_mode: str,
-    dtype: torch.dtype,
-    device: torch.device,
-) -> Linear | Concat:
-    """One projection computing `names` side by side (q|k|v, gate|up). Parts stored as
-    `name + ".quant"` are read in place on the CPU (auto: beside the dense copy, when every
-    part has one); elsewhere they are dequantised (an accelerator runs dense weights)."""
-    quant = [weights.get(n + ".quant") for n in names]
-    bias = torch.cat([weights[b] for b in bias_names]) if bias_names else None
-    # auto reads in place only in bfloat16 (8-bit activations): in float32 the dense GEMM is
-    # faster than dequantising blocks at decode row counts (benchmarks/quant_kernels.py).
-    in_place = (device.type == "cpu" and load_quant_ops() is not None
-                and (weight_mode == "native" or (weight_mode == "auto" and dtype == torch.bfloat16)))
-
-    def dense(i: int) -> torch.Tensor:
-        w = weights.get(names[i])
-        if w is None:  # native: only the quantized bytes were loaded
-            w = quant[i].dequantize(dtype).to(device)
-        return w
-
-    if not in_place or all(q is None for q in quant):
-        return Linear(torch.cat([dense(i) for i in range(len(names))]), bias)
-    if weight_mode == "auto":
-        if all(q is not None for q in quant):
-            return Linear(torch.cat([dense(i) for i in range(len(names))]), bias, QuantMatmul(quant))
-        return Linear(torch.cat([dense(i) for i in range(len(names))]), bias)
-    runs: list[Linear] = []
-    i = 0
-    while i < len(names):  # native: consecutive parts read the same way share one call
-        j = i
-        while j < len(names) and (quant[j] is None) == (quant[i] is None):
-            j += 1
-        if quant[i] is not None:
-            runs.append(Linear(None, None, QuantMatmul(quant[i:j])))
-        else:
-            runs.append(Linear(torch.cat([dense(k) for k in range(i, j)]), None))
-        i = j
-    if len(runs) == 1:
-        runs[0].bias = bias
-        return runs[0]
-    return Concat(runs, bias)
 
 
 def rope_inv_freq(cfg: ModelConfig, rope_freqs: torch.Tensor | None = None) -> torch.Tensor:

@@ -8,7 +8,7 @@ embedding on the first layer's device, the final norm and LM head on the last.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +20,8 @@ from strata.models.attention import AttentionMeta, attend, attend_written
 from strata.models.config import ModelConfig
 from strata.models.fused import load_decode_ops
 from strata.models.head import make_head
-from strata.models.layers import Embedding, RMSNorm, Rotary, apply_rotary, fused_linear, rope_inv_freq
+from strata.models.layers import Embedding, RMSNorm, Rotary, apply_rotary, rope_inv_freq
+from strata.models.linear import fused_linear
 from strata.models.quant import QuantWeight
 
 
@@ -29,7 +30,7 @@ def layer_name(i: int, suffix: str) -> str:
 
 
 class DecoderLayer:
-    def __init__(self, cfg: ModelConfig, w: Mapping[str, torch.Tensor | QuantWeight], i: int, weight_mode: str):
+    def __init__(self, cfg: ModelConfig, w: MutableMapping[str, torch.Tensor | QuantWeight], i: int, weight_mode: str):
         def get(suffix: str) -> torch.Tensor:
             return w[layer_name(i, suffix)]
 
@@ -106,7 +107,7 @@ class LlamaModel:
     def __init__(
         self,
         cfg: ModelConfig,
-        weights: Mapping[str, torch.Tensor],
+        weights: MutableMapping[str, torch.Tensor | QuantWeight],
         dtype: torch.dtype,
         layer_devices: Sequence[torch.device],
         max_positions: int,
@@ -114,7 +115,8 @@ class LlamaModel:
     ):
         """`weights`: Hugging Face names -> tensors already in `dtype` on their layer's device,
         plus name + ".quant" -> QuantWeight (CPU) for tensors kept as the file stores them
-        (`weight_mode` auto: beside the dense tensor; native: instead of it)."""
+        (`weight_mode` auto: beside the dense tensor; native: instead of it). The projections
+        are taken out of it as they are fused (linear.fused_linear)."""
         assert len(layer_devices) == cfg.num_layers
         self.cfg = cfg
         self.dtype = dtype
@@ -139,10 +141,12 @@ class LlamaModel:
         self.ops = load_decode_ops() if all(d.type == "cpu" for d in self.devices) else None
 
     @property
-    def has_quant(self) -> bool:
-        """Some projection reads the file's quantized weights (steps of at most QUANT_MAX_ROWS
-        rows where it also has a dense copy)."""
-        return any(lin.quant is not None for layer in self.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))
+    def quant_max_rows(self) -> int | None:
+        """The most rows a step may have for every projection to read its 4-bit form (auto:
+        its dense copy beyond); None where some projection has no 4-bit form, or every step
+        reads it (native)."""
+        limits = [lin.max_rows for layer in self.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        return None if any(m is None for m in limits) else min(limits)
 
     def decode_attention_kernel(self, kv_dtype: torch.dtype) -> Callable | None:
         """The fused decode attention over spans (`DecodeSpans`) where it applies: the fused ops
