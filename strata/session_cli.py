@@ -17,7 +17,7 @@ import sys
 
 from strata.engine_args import add_engine_args, engine_config
 from strata.errors import ConfigError
-from strata.kv.session import SessionReader
+from strata.cells.session import SessionReader
 
 
 def add_session_parser(subparsers: argparse._SubParsersAction) -> None:

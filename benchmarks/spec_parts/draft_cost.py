@@ -1,4 +1,4 @@
-"""DRAFT_COST (engine/spec/adaptive.py): the extra cost of one more verified row, in plain
+"""DRAFT_COST (drafting/adaptive.py): the extra cost of one more verified row, in plain
 decode steps, measured on the spec arm's own engine.
 
 One request per lane (its prompt prefilled beforehand, untimed) decodes greedily while the
@@ -20,8 +20,8 @@ import time
 
 
 def _fixed_planner(engine, max_k: int, seed: int):
-    from strata.engine.spec.adaptive import AdaptiveK
-    from strata.engine.spec.drafts import DraftPlanner, LaneSpec
+    from strata.drafting.adaptive import AdaptiveK
+    from strata.drafting.planner import DraftPlanner, LaneSpec
 
     vocab = engine.model_config.vocab_size
     rng = random.Random(seed)

@@ -55,12 +55,12 @@ class RestorePlan:
     lane: int | None  # None: parked without a lane (pooled only)
     victims: tuple[Conversation, ...]  # idle conversations evicted to make room
     displaced: Conversation | None  # the idle conversation in `lane` now
-    is_pooled: bool
+    holds_parked: bool  # the layout parks a displaced conversation (else it is evicted)
 
     @property
     def loses_conversations(self) -> bool:
-        """Taking the room evicts someone for good (a displaced one is parked when pooled)."""
-        return bool(self.victims) or (self.displaced is not None and not self.is_pooled)
+        """Taking the room evicts someone for good (a displaced one is parked where it can be)."""
+        return bool(self.victims) or (self.displaced is not None and not self.holds_parked)
 
 
 def pick_lane(lanes: list[Lane]) -> Lane | None:
@@ -136,8 +136,8 @@ def _plan(
         lane = pick_lane(lanes)
         if lane is None:
             return None
-        if reuse is Reuse.FORK and lane.conv is source and not layout.is_pooled:
-            reuse = Reuse.EXTEND  # a reserved lane cannot fork into itself: branch in place
+        if reuse is Reuse.FORK and lane.conv is source and not layout.holds_parked:
+            reuse = Reuse.EXTEND  # a lane's reservation cannot fork into itself: branch in place
 
     held = need = freed = 0
     if reuse is Reuse.EXTEND:

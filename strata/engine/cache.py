@@ -6,13 +6,13 @@ prompt, not with how many conversations are held), and in which order idle
 conversations give way.
 
 Every change of a held conversation's tokens, activity or recency goes through here
-(`extend`, `cut`, `activate`, `deactivate`, `touch`), so the index never goes stale;
+(`append`, `cut`, `activate`, `deactivate`, `touch`), so the index never goes stale;
 `check` compares it with a scan of every conversation.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from strata.engine.conversation import Conversation
 from strata.engine.prefix_index import PrefixIndex, common_prefix_len
@@ -85,9 +85,11 @@ class ConversationCache:
         del self._active[conv.conv_id]
         self.touch(conv)
 
-    def extend(self, conv: Conversation, token_ids: Iterable[int]) -> None:
-        """`conv` holds the K/V of `token_ids` after its own now."""
+    def append(self, conv: Conversation, token_ids: Sequence[int]) -> None:
+        """`conv` holds the K/V of `token_ids` after its own now: its tokens and its table's cells
+        grow together (`len(token_ids) == num_cells` stays true)."""
         conv.token_ids.extend(token_ids)
+        conv.table.append_cells(len(token_ids))
         self._index.grew(conv)
 
     def cut(self, conv: Conversation, num_cells: int) -> None:

@@ -25,7 +25,7 @@ def adopt_identical_chunks(
 ) -> int:
     """After `commit_work`: each chunk the step completed gives way to an identical held one.
     Returns how many chunks were adopted (and freed)."""
-    if not layout.is_pooled:
+    if not layout.shares_chunks:
         return 0
     pool, c = layout.pool, layout.chunk_size
     num_adopted = 0

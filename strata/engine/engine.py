@@ -26,16 +26,17 @@ from strata.engine.session import SessionRestored, SessionSaved, restore_session
 from strata.errors import ContextLengthExceeded, PoolFullError, RequestError, StepFailed, new_error_id
 from strata.kv.layout import KVLayout, PooledLayout
 from strata.kv.reserve import ReservedLayout
-from strata.kv.ring import KVRing
+from strata.cells.ring import KVRing
 from strata.kv.ring_rule import round_up
-from strata.kv.storage import KVStorage, kv_bytes_per_cell
+from strata.cells.storage import KVStorage, kv_bytes_per_cell
 from strata.kv.table import chunks_for
 from strata.loader import ModelSource
 from strata.loader.build import TORCH_DTYPES
 from strata.loader.model_load import ModelLoad
 from strata.models.config import ModelConfig
 from strata.models.layers import INT4_MAX_ROWS
-from strata.runner.drafter import check_draft_vocab, load_drafter
+from strata.drafting.draft_model import check_draft_vocab, load_draft_model
+from strata.drafting.planner import ModelPlanner, NgramPlanner
 from strata.runner.runner import ModelRunner
 from strata.sampler import make_generator
 from strata.sampling import SamplingParams
@@ -103,15 +104,17 @@ class Engine:
                                 [torch.device("cpu")] * cfg.num_layers, pin_memory=accelerated)
             self.ring = KVRing(self.kv, config.ring_sizing, config.kv_evict, config.ring_budget,
                                self.model.layer_devices)
-        drafter = None
+        draft = None
         if draft_load is not None:
-            drafter = load_drafter(draft_load, config.kv_dtype, pool, self.max_context, progress)
-        self.runner = ModelRunner(self.model, self.kv, self.ring, drafter)
+            draft = load_draft_model(draft_load, config.kv_dtype, pool, self.max_context, progress)
+        self.runner = ModelRunner(self.model, self.kv, self.ring, draft)
+        planner = None
+        if config.spec != "off":  # drafts never take a step past the 4-bit kernel's rows
+            planner_type = ModelPlanner if config.spec == "draft" else NgramPlanner
+            planner = planner_type(config.spec_k, self.layout, self.max_context,
+                                   INT4_MAX_ROWS if self.model.has_int4 else None)
         self.scheduler = Scheduler(self.layout, config.num_lanes, self.max_context, config.prefill_chunk,
-                                   config.prefill_alone, spec_k=config.spec_k if config.spec != "off" else 0,
-                                   spec_by_model=config.spec == "draft")
-        if self.scheduler.drafts is not None and self.model.has_int4:
-            self.scheduler.drafts.max_step_rows = INT4_MAX_ROWS
+                                   config.prefill_alone, planner)
         self.stop_token_ids = frozenset(cfg.eos_token_ids) | frozenset(self.tokenizer.eos_token_ids)
         self.requests: dict[str, RequestState] = {}
         self._ids = itertools.count()
@@ -142,9 +145,8 @@ class Engine:
             make_generator(params.seed, device),
             IncrementalDetokenizer(self.tokenizer, params.stop),
             stop_ids,
+            drafting=self.scheduler.drafts is not None,
         )
-        if self.scheduler.drafts is not None:
-            self.requests[request_id].num_drafted = 0
         self.scheduler.add(request_id, prompt_ids, params.max_tokens)
         return request_id
 

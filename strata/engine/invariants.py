@@ -42,7 +42,7 @@ def check_invariants(
             assert lane.seq.conv is lane.conv and lane.conv.is_active
     for seq in seqs.values():
         assert lanes[seq.lane].seq is seq
-    if layout.is_pooled:
+    if layout.shares_chunks:
         for i in range(pool.num_total):
             n = refs.get(i, 0)
             assert n == pool.refcount(i), f"chunk {i}: {n} tables, refcount {pool.refcount(i)}"

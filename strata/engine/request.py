@@ -78,7 +78,8 @@ class RequestState:
     num_cached: int = 0
     output_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
-    num_drafted: int | None = None  # with --spec: drafts proposed (None: drafting is off)
+    drafting: bool = False  # --spec: the engine drafts (timings then count drafts)
+    num_drafted: int = 0  # drafts proposed for the request
     num_accepted: int = 0
 
     def on_token(self, token_id: int, logprobs: TokenLogprobs | None, can_continue: bool) -> RequestOutput:
@@ -146,6 +147,6 @@ class RequestState:
             prompt_ms=(first - admitted) * 1e3,
             predicted_n=len(self.output_ids),
             predicted_ms=(now - first) * 1e3,
-            draft_n=self.num_drafted,
-            draft_n_accepted=None if self.num_drafted is None else self.num_accepted,
+            draft_n=self.num_drafted if self.drafting else None,
+            draft_n_accepted=self.num_accepted if self.drafting else None,
         )

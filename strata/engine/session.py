@@ -5,7 +5,7 @@ the engine saves between steps, and an idle conversation cannot change under it)
 
 Restore, all or nothing: the header is read and checked first (model fingerprint, K/V
 geometry and dtype, version, and the file's size against the header), then room is
-planned (`Scheduler.plan_restore`: idle conversations give way LRU first; no room is a
+planned (`Lanes.plan_restore`: idle conversations give way LRU first; no room is a
 `PoolFullError`, kv_pool_full). When taking the room would evict a conversation for good,
 every record's checksum is verified before anything changes; then the chunks are taken
 and each record streamed into its cells. Any error on the way gives the chunks back, and
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from strata.engine.conversation import Conversation
 from strata.errors import LaneBusy, PoolFullError, RequestError, SessionFileError
-from strata.kv.session import SessionReader, check_compatible, save_cells, storage_geometry
+from strata.cells.session import SessionReader, check_compatible, save_cells, storage_geometry
 from strata.kv.session_format import SessionHeader
 from strata.kv.table import chunks_for
 
@@ -101,19 +101,19 @@ def restore_session(engine, path: str, lane: int | None = None) -> SessionRestor
         vocab = engine.model_config.vocab_size
         if any(not 0 <= t < vocab for t in h.token_ids):
             raise SessionFileError(path, f"token ids outside this model's vocabulary [0, {vocab})")
-        plan = scheduler.plan_restore(h.num_cells, lane)
+        plan = scheduler.lanes.plan_restore(h.num_cells, lane)
         if plan is None:
             pool = engine.layout.pool
             raise PoolFullError(chunks_for(h.num_cells, pool.chunk_size), pool.num_free, engine.retry_after())
         if plan.loses_conversations:
             reader.verify()  # a bad record must not cost anyone their conversation
-        table = scheduler.take_restore(plan)
+        table = scheduler.lanes.take_restore(plan)
         try:
             reader.restore_cells(engine.kv, table.chunk_ids)
         except BaseException:
-            scheduler.drop_restore(table)
+            scheduler.lanes.drop_restore(table)
             raise
-        conv = scheduler.finish_restore(plan, table, h.token_ids, h.checkpoints)
+        conv = scheduler.lanes.finish_restore(plan, table, h.token_ids, h.checkpoints)
         num_bytes = reader.num_bytes
     return SessionRestored(path, conv.conv_id, conv.lane, conv.num_cells, num_bytes, time.perf_counter() - t0,
                            plan.loses_conversations, h.metadata)
@@ -124,4 +124,4 @@ def erase_lane(engine, lane: int) -> int:
     _check_lane(engine, lane)
     if engine.scheduler.lanes[lane].is_busy:
         raise LaneBusy(lane, "erase")
-    return engine.scheduler.erase(lane)
+    return engine.scheduler.lanes.erase(lane)

@@ -42,7 +42,7 @@ class PoolStats:
 
 def pool_stats(layout: KVLayout, lanes: Sequence[Lane], cache: ConversationCache) -> PoolStats:
     active = {i for c in cache if c.is_active for i in c.table.chunk_ids}
-    holders = Counter(i for c in cache for i in c.table.chunk_ids) if layout.is_pooled else Counter()
+    holders = Counter(i for c in cache for i in c.table.chunk_ids) if layout.shares_chunks else Counter()
     shared = {i: n for i, n in holders.items() if n > 1}
     idle = {i for c in cache if not c.is_active for i in c.table.chunk_ids}
     pool = layout.pool

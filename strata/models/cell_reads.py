@@ -26,9 +26,9 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from strata.kv.quant import Int8Cells, strided
+from strata.cells.int8 import Int8Cells, strided
 
-Cache = torch.Tensor | Int8Cells  # or RingCells (kv/ring_cells.py): the same read(cells, dtype) and shape
+Cache = torch.Tensor | Int8Cells  # or RingCells (cells/ring_cells.py): the same read(cells, dtype) and shape
 
 
 def _moved(obj, device: torch.device):
@@ -47,7 +47,7 @@ def read(cache: Cache, cells: slice | torch.Tensor, dtype: torch.dtype) -> torch
     """[kv_heads, cells, head_dim] in `dtype`: a view of a slice where the dtypes agree, else a copy."""
     if isinstance(cache, torch.Tensor):
         return cache[:, cells].to(dtype)
-    return cache.read(cells, dtype)  # Int8Cells, or RingCells (kv/ring_cells.py)
+    return cache.read(cells, dtype)  # Int8Cells, or RingCells (cells/ring_cells.py)
 
 
 def _grouped(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:

@@ -13,9 +13,9 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 import torch.nn.functional as F
 
-from strata.kv.ring_step import RingStep
-from strata.kv.ring_cells import RingCells
-from strata.kv.storage import KVStorage
+from strata.cells.ring_step import RingStep
+from strata.cells.ring_cells import RingCells
+from strata.cells.storage import KVStorage
 from strata.models.attention import AttentionMeta, attend, attend_written
 from strata.models.config import ModelConfig
 from strata.models.fused import load_decode_ops
@@ -162,7 +162,7 @@ class LlamaModel:
         logits_rows: torch.Tensor,  # [rows] which token rows need logits (on the last device)
     ) -> torch.Tensor:
         """Returns float32 logits [rows, vocab]. `kv.layer_caches(i)` gives layer i's K and V:
-        the pool's own tensors, or the ring's view of them for this step (kv/ring.py)."""
+        the pool's own tensors, or the ring's view of them for this step (cells/ring.py)."""
         x = F.embedding(input_ids, self.embed)
         tables = {d: self.rotary[d].tables(positions[d]) for d in self.devices}
         for i, layer in enumerate(self.layers):

@@ -35,7 +35,7 @@ from strata.server.handle import Admitted, Event, Failed, RequestHandle, is_fina
 from strata.server.metrics import ServerMetrics
 from strata.server.monitor.watch import PoolWatch
 from strata.server.params import ModelInfo
-from strata.server.snapshot import EngineSnapshot, take_snapshot
+from strata.engine.snapshot import EngineSnapshot, take_snapshot
 
 log = logging.getLogger("strata.server")
 

@@ -16,7 +16,7 @@ import torch
 
 from strata.config import EngineConfig
 from strata.engine.engine import Engine
-from strata.kv.session import layer_parts
+from strata.cells.session import layer_parts
 
 CHUNK = 2048
 NUM_CELLS = 131100  # just over 2 GiB at 16 KiB per cell; not a whole number of chunks

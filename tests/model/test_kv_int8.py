@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import strata.kv.quant as quant
+import strata.cells.int8 as quant
 from strata.config import EngineConfig
 from strata.engine.engine import Engine
 
@@ -70,7 +70,7 @@ def test_a_broken_scale_falls_below_the_bound(engines, prompts, reference, monke
 
 def test_the_memory_guard_counts_int8_bytes_and_scales(tiny_llama_dir, monkeypatch):
     import strata.engine.engine as engine_module
-    from strata.kv.storage import kv_bytes_per_cell
+    from strata.cells.storage import kv_bytes_per_cell
 
     plans = {}
     for kv in ("bf16", "int8"):

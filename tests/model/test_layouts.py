@@ -56,7 +56,7 @@ def engines(tiny_llama_dir):
                            batch=batch, prefill_chunk=13, devices=devices, kv=kv, **pool)
         engine = Engine(cfg, progress=False)
         if reads == "runs":
-            engine.runner.cells.runs_min_cells = 1
+            engine.runner.lanes.cells.runs_min_cells = 1
         return engine
 
     return get

@@ -22,7 +22,7 @@ from tests.conftest import make_tiny_model
 from strata.config import EngineConfig
 from strata.engine.engine import Engine
 from strata.errors import SessionFileError
-from strata.kv.session import layer_parts
+from strata.cells.session import layer_parts
 from strata.kv.session_format import CRC, PREFIX, crc32, read_header
 from strata.loader.fingerprint import weights_fingerprint
 from strata.loader.hf_dir import hf_model_config
@@ -158,14 +158,14 @@ def test_a_rollback_after_streaming_gives_back_every_chunk(tiny_llama_dir, files
     converse(e, list(range(300, 330)))
     before = state(e)
     taken = []  # the chunks the restore took, seen as it took them
-    real = e.scheduler.take_restore
+    real = e.scheduler.lanes.take_restore
 
     def take(plan):
         table = real(plan)
         taken.append(list(table.chunk_ids))
         return table
 
-    e.scheduler.take_restore = take
+    e.scheduler.lanes.take_restore = take
     with pytest.raises(SessionFileError, match="record 2 .*checksum mismatch"):
         e.restore_session(files["flipped byte in last record"])
     assert taken == [[6, 7, 8]] and same(state(e), before)  # a new run halfway into the free ids 3..11

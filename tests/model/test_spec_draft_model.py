@@ -47,7 +47,7 @@ def engines(tiny_llama_dir, qwen_dir):
 
 
 def run(engine: Engine, prompts: list[list[int]]) -> list[list[int]]:
-    return run_requests(engine, prompts, GREEDY, tables_are_tight if engine.layout.is_pooled else None)
+    return run_requests(engine, prompts, GREEDY, tables_are_tight if engine.layout.holds_parked else None)
 
 
 def counters(engine: Engine):

@@ -24,8 +24,8 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from strata.step import LaneWork
-from strata.kv.quant import Int8Cells
-from strata.kv.storage import KVStorage
+from strata.cells.int8 import Int8Cells
+from strata.cells.storage import KVStorage
 from strata.models.attention import AttentionMeta, attend
 from strata.runner.inputs import VERIFY_MAX_ROWS, build_inputs
 from strata.runner.reads import MAX_RUNS, ChunkCells

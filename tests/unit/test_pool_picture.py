@@ -7,7 +7,7 @@ from test_scheduler import Driver, pooled
 
 from strata.engine.scheduler import Scheduler
 from strata.kv.reserve import ReservedLayout
-from strata.server.monitor.picture import ACTIVE, FREE, PARKED, RESERVED, take_picture
+from strata.engine.picture import ACTIVE, FREE, PARKED, RESERVED, take_picture
 from strata.server.monitor.watch import PoolWatch, diff_events
 
 

@@ -88,7 +88,7 @@ def test_eviction_frees_a_shared_chunk_only_with_its_last_holder():
     shared = s.lanes[0].conv.table.chunk_ids[:2]
     held = s.layout.pool.num_held
     for k, conv in enumerate(s.cache.idle_lru()):
-        s._evict((conv,))
+        s.lanes.evict((conv,))
         s.check()
         assert all(s.layout.pool.refcount(i) == 2 - k for i in shared)
         assert s.layout.pool.num_held == held - 1 - (2 if k == 2 else 0)
@@ -132,7 +132,7 @@ def test_ties_go_to_idle_then_most_recent():
     assert cache.longest_prefix([1]) == (a, 1)
     cache.cut(a, 1)
     assert cache.longest_prefix([1, 2]) == (c, 2)  # a no longer reaches token 2
-    cache.extend(a, [2, 3, 4, 5])
+    cache.append(a, [2, 3, 4, 5])
     assert cache.longest_prefix([1, 2, 3, 4, 5]) == (a, 5)
     cache.remove(a)
     assert cache.longest_prefix([1, 2, 3, 4, 5]) == (c, 4)
@@ -148,7 +148,7 @@ def test_a_stale_index_fails_the_check():
     conv = Conversation(cache.new_id(), ChunkTable(), [1, 2, 3])
     cache.add(conv)
     cache.check()
-    conv.token_ids.append(4)  # not through cache.extend
+    conv.token_ids.append(4)  # not through cache.append
     with pytest.raises(AssertionError):
         cache.check()
 
@@ -159,7 +159,7 @@ def test_metrics_and_slots_show_shared_chunks():
     import dataclasses
 
     from strata.server.metrics import ServerMetrics
-    from strata.server.snapshot import EngineSnapshot, LaneView
+    from strata.engine.snapshot import EngineSnapshot, LaneView
 
     s = Scheduler(PooledLayout(200, CHUNK), 3, max_context=64, prefill_chunk=64)
     system = system_prompt(9)  # two full chunks and one cell
@@ -202,7 +202,7 @@ class CacheMachine(RuleBasedStateMachine):
     @rule(data=st.data(), tokens=st.lists(st.integers(1, 3), min_size=1, max_size=4))
     def extend(self, data, tokens):
         if (conv := self.convs(data)) is not None:
-            self.cache.extend(conv, tokens)
+            self.cache.append(conv, tokens)
 
     @rule(data=st.data())
     def cut(self, data):

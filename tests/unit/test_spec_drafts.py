@@ -1,12 +1,12 @@
-"""The n-gram drafter's index and the adaptive k (engine/spec/), without a model."""
+"""The n-gram drafter's index and the adaptive k (drafting/), without a model."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from strata.engine.spec.adaptive import PROBE_EVERY, AdaptiveK
-from strata.engine.spec.ngram import NgramIndex, propose
+from strata.drafting.adaptive import PROBE_EVERY, AdaptiveK
+from strata.drafting.ngram import NgramIndex, propose
 
 
 @settings(max_examples=300, deadline=None)

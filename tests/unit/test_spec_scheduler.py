@@ -3,6 +3,7 @@ verify step rejects goes back at commit (exact chunk ids)."""
 
 from __future__ import annotations
 
+from strata.drafting.planner import NgramPlanner
 from strata.engine.scheduler import Scheduler
 from strata.kv.layout import PooledLayout
 from strata.step import DraftOutcome, Sampled, StepOutput
@@ -17,7 +18,8 @@ class FixedDrafter:
 
 
 def scheduler(num_chunks: int = 6) -> Scheduler:
-    s = Scheduler(PooledLayout(num_chunks, 4), num_lanes=1, max_context=64, prefill_chunk=16, spec_k=4)
+    layout = PooledLayout(num_chunks, 4)
+    s = Scheduler(layout, num_lanes=1, max_context=64, prefill_chunk=16, drafts=NgramPlanner(4, layout, 64))
     s.drafts.drafter = FixedDrafter([50, 51, 52, 53])
     return s
 
@@ -72,7 +74,8 @@ def test_drafts_take_only_free_chunks():
 
 
 def test_drafts_stop_short_of_max_tokens():
-    s = Scheduler(PooledLayout(6, 4), num_lanes=1, max_context=64, prefill_chunk=16, spec_k=4)
+    layout = PooledLayout(6, 4)
+    s = Scheduler(layout, num_lanes=1, max_context=64, prefill_chunk=16, drafts=NgramPlanner(4, layout, 64))
     s.drafts.drafter = FixedDrafter([50, 51, 52, 53])
     s.add("a", [1, 2, 3], max_new=3)  # target 6 cells: tokens at 3 (fed), 4 and a last one of its own
     plan = s.schedule()

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 
 from strata.engine.scheduler import Scheduler
-from strata.server.monitor.picture import PoolPicture, take_picture
+from strata.engine.picture import PoolPicture, take_picture
 
 MAX_EVENTS = 200
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from strata.engine.engine import Engine
 from strata.engine.stats import PoolCounters
-from strata.engine.spec.drafts import SpecCounters
+from strata.drafting.planner import SpecCounters
 from strata.engine.stats import PoolStats
 
 

@@ -1,4 +1,4 @@
-"""One step through the resident ring (kv/ring.py): the copies it needs and where its pages are read.
+"""One step through the resident ring (cells/ring.py): the copies it needs and where its pages are read.
 
 `layer_caches(i)` runs layer i's copies (pages admitted into their arena slots, streamed
 pages into staging) and returns its K and V as `RingCells`. On CUDA the copies run on a
@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from strata.kv.quant import Int8Cells
+from strata.cells.int8 import Int8Cells
 from strata.kv.residency import ResidencyPlan
-from strata.kv.ring_cells import RingCells
+from strata.cells.ring_cells import RingCells
 
 if TYPE_CHECKING:
-    from strata.kv.ring import KVRing
+    from strata.cells.ring import KVRing
 
 Cells = torch.Tensor | Int8Cells
 
@@ -53,7 +53,7 @@ class RingStep:
         self.admit = admit  # (pool cell, arena cell, cells)
         self.stage = stage  # (pool cell, staging cell, cells)
         self.host_write_index = host_write_index  # [tokens] on the host
-        self.write_index = write_index  # [tokens] virtual cells (kv/ring_cells.py), on the host
+        self.write_index = write_index  # [tokens] virtual cells (cells/ring_cells.py), on the host
         in_arena = write_index < pages.num_arena_cells
         # (rows, cells) written in the arena, and in staging (cells from its start), per device
         split = (in_arena.nonzero().view(-1), write_index[in_arena],

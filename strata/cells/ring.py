@@ -1,6 +1,6 @@
 """The resident K/V ring (`--kv-resident R`): per lane, up to R cells per layer on the device.
 
-The pool (kv/storage.py) lives in host memory and is the source of truth. The ring's
+The pool (cells/storage.py) lives in host memory and is the source of truth. The ring's
 device memory is one arena of page slots per layer (kv/residency.py decides which page
 sits in which slot; a page shared by several conversations is resident once) and a
 staging buffer per device that holds the step's streamed pages for one layer at a time.
@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from strata.kv.quant import Int8Cells
+from strata.cells.int8 import Int8Cells
 from strata.kv.residency import LaneReads, Residency, ResidencyPlan
-from strata.kv.ring_step import PageMap, RingStep
+from strata.cells.ring_step import PageMap, RingStep
 from strata.kv.ring_rule import RingSizing
-from strata.kv.storage import KVStorage
+from strata.cells.storage import KVStorage
 from strata.step import LaneWork
 
 log = logging.getLogger("strata.ring")  # sizings are shown by default: INFO (see KVRing)

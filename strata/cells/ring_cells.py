@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from strata.kv.quant import Int8Cells
+from strata.cells.int8 import Int8Cells
 
 Tensor = torch.Tensor
 

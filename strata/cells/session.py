@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import torch
 
 from strata.errors import SessionFileError
-from strata.kv.quant import SCALE_DTYPE, Int8Cells
+from strata.cells.int8 import SCALE_DTYPE, Int8Cells
 from strata.kv.session_format import CRC, KVGeometry, SessionHeader, crc32, read_header
-from strata.kv.storage import KV_TORCH_DTYPES, KVStorage
+from strata.cells.storage import KV_TORCH_DTYPES, KVStorage
 
 
 def storage_geometry(storage: KVStorage) -> KVGeometry:

@@ -5,7 +5,7 @@ Layout per layer: K and V are each [kv_heads, num_chunks * chunk_size, head_dim]
 [kv_heads, cells, head_dim] ready for a batched matmul). Cell `c` of chunk `i` is
 flat cell `i * chunk_size + c` in every layer. Each layer's tensors live on that
 layer's device (a layer split gives each device its layers' share of every chunk).
-With `--kv int8` each layer's K and V are `Int8Cells` (kv/quant.py): int8 cells plus a
+With `--kv int8` each layer's K and V are `Int8Cells` (cells/int8.py): int8 cells plus a
 float16 scale per (head, cell), both with cells on dim 1, both copied by a cell copy.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from strata.kv.quant import SCALE_DTYPE, Int8Cells
+from strata.cells.int8 import SCALE_DTYPE, Int8Cells
 from strata.kv.table import CellCopy
 
 KV_TORCH_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "int8": torch.int8}
