@@ -151,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
                         format="strata: %(message)s")
+    logging.getLogger("strata.ring").setLevel(logging.INFO)  # each ring sizing is shown (DESIGN.md)
     try:
         return args.func(args)
     except StrataError as exc:

@@ -14,14 +14,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from strata.cells.int8 import Int8Cells
-from strata.kv.residency import ResidencyPlan
+from strata.cells.protocol import Cells
 from strata.cells.ring_cells import RingCells
+from strata.kv.residency import ResidencyPlan
 
 if TYPE_CHECKING:
     from strata.cells.ring import KVRing
-
-Cells = torch.Tensor | Int8Cells
 
 
 @dataclass(frozen=True)
@@ -32,13 +30,9 @@ class PageMap:
     num_arena_cells: int
 
 
-def _parts(t: Cells) -> tuple[torch.Tensor, ...]:
-    return t.parts if isinstance(t, Int8Cells) else (t,)
-
-
 def _copy(dst: Cells, src: Cells, runs: Sequence[tuple[int, int, int]], non_blocking: bool) -> None:
     """(src cell, dst cell, cells) runs from `src` into `dst`, every part (cells on dim 1)."""
-    for d, s in zip(_parts(dst), _parts(src)):
+    for d, s in zip(dst.parts, src.parts):
         for src_start, dst_start, n in runs:
             d[:, dst_start : dst_start + n].copy_(s[:, src_start : src_start + n], non_blocking=non_blocking)
 
@@ -119,8 +113,5 @@ class RingStep:
             if dev.type == "cuda":
                 torch.cuda.current_stream(dev).synchronize()
         for host, index, x in self.writeback:
-            if isinstance(host, Int8Cells):
-                host.write(index, x)
-            else:
-                host.index_copy_(1, index, x.to(host.dtype))
+            host.write(index, x)
         self.writeback.clear()

@@ -9,18 +9,27 @@ embedding on the first layer's device, the final norm and LM head on the last.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 import torch.nn.functional as F
 
-from strata.cells.ring_step import RingStep
-from strata.cells.ring_cells import RingCells
-from strata.cells.storage import KVStorage
 from strata.models.attention import AttentionMeta, attend, attend_written
 from strata.models.config import ModelConfig
 from strata.models.fused import load_decode_ops
 from strata.models.head import make_head
 from strata.models.layers import RMSNorm, Rotary, apply_rotary, fused_linear, rope_inv_freq
+
+
+if TYPE_CHECKING:
+    from strata.cells.protocol import Cells
+
+
+class LayerCells(Protocol):
+    """Where a forward reads each layer's K/V: the pool's storage, or the ring's view of it for
+    one step (cells/storage.py, cells/ring_step.py)."""
+
+    def layer_caches(self, i: int) -> tuple[Cells, Cells]: ...
 
 
 def layer_name(i: int, suffix: str) -> str:
@@ -56,8 +65,8 @@ class DecoderLayer:
         x: torch.Tensor,  # [tokens, hidden]
         cos: torch.Tensor,  # [tokens, 1, head_dim / 2]
         sin: torch.Tensor,
-        k_cache: torch.Tensor,  # [kv_heads, cells, head_dim]
-        v_cache: torch.Tensor,
+        k_cache: Cells,  # [kv_heads, cells, head_dim]
+        v_cache: Cells,
         meta: AttentionMeta,
         ops=None,  # the fused decode ops (models/fused.py), or None: torch ops
     ) -> torch.Tensor:
@@ -65,14 +74,10 @@ class DecoderLayer:
         qkv = self.qkv(self.input_norm(x, ops))
         q = None
         if ops is not None and self.q_norm is None and qkv.is_contiguous():
-            # One pass: q and k rotated, k and v written to their cells (no qk norm, K/V in
-            # the compute dtype; `ops` is set only on the CPU).
-            if isinstance(k_cache, torch.Tensor) and k_cache.dtype == qkv.dtype:
-                q = ops.rope_write(qkv, cos.squeeze(1), sin.squeeze(1), k_cache, v_cache, meta.write_index,
-                                   cfg.num_heads, cfg.num_kv_heads)
-            elif isinstance(k_cache, RingCells):
-                q = k_cache.fused_write(ops, qkv, cos.squeeze(1), sin.squeeze(1), v_cache, cfg.num_heads,
-                                        cfg.num_kv_heads)
+            # One pass: q and k rotated, k and v written to their cells (no qk norm; where the
+            # cells allow it; `ops` is set only on the CPU).
+            q = k_cache.fused_write(ops, qkv, cos.squeeze(1), sin.squeeze(1), v_cache, meta.write_index,
+                                    cfg.num_heads, cfg.num_kv_heads)
         if q is not None:
             a = attend_written(q, k_cache, v_cache, meta)
         else:
@@ -158,7 +163,7 @@ class LlamaModel:
         input_ids: torch.Tensor,  # [tokens] on the first device
         positions: Mapping[torch.device, torch.Tensor],  # [tokens] per device
         metas: Mapping[torch.device, AttentionMeta],
-        kv: KVStorage | RingStep,
+        kv: LayerCells,
         logits_rows: torch.Tensor,  # [rows] which token rows need logits (on the last device)
     ) -> torch.Tensor:
         """Returns float32 logits [rows, vocab]. `kv.layer_caches(i)` gives layer i's K and V:

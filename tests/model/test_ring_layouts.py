@@ -102,7 +102,7 @@ def _cells(engine: Engine, layer: int, lane: int) -> tuple[torch.Tensor, torch.T
     conv = engine.scheduler.lanes[lane].conv
     c = engine.kv.chunk_size
     index = torch.tensor([conv.table.chunk_ids[p // c] * c + p % c for p in range(conv.num_cells)])
-    k, v = engine.kv.k[layer], engine.kv.v[layer]
+    k, v = engine.kv.k[layer].data, engine.kv.v[layer].data
     return k[:, index].float(), v[:, index].float()
 
 
@@ -140,8 +140,8 @@ def test_resident_pages_match_the_pool_exactly(engines):
     assert ring.residency.num_resident > 0
     for page, slot in ring.residency.slot_of.items():
         for layer in range(engine.kv.num_layers):
-            host = engine.kv.k[layer][:, page * PAGE : (page + 1) * PAGE]
-            dev = ring.arena_k[layer][:, slot * PAGE : (slot + 1) * PAGE]
+            host = engine.kv.k[layer].data[:, page * PAGE : (page + 1) * PAGE]
+            dev = ring.arena_k[layer].data[:, slot * PAGE : (slot + 1) * PAGE]
             assert torch.equal(host, dev.cpu())
 
 
