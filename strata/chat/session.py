@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from strata.chat.history import ChatHistory
-from strata.engine.engine import Engine
+from strata.engine.interface import Engine
 from strata.errors import SessionFileError
 from strata.cells.session import SessionReader
 

@@ -81,9 +81,10 @@ def check_draft_vocab(load: ModelLoad, path: str, vocab_size: int) -> None:
                           f"{vocab_size}: a draft model must share the model's tokenizer")
 
 
-def load_draft_model(load: ModelLoad, kv_dtype: str, pool: KVPool, max_positions: int, progress: bool) -> DraftModel:
+def load_draft_model(load: ModelLoad, kv_dtype: str, pool: KVPool, max_positions: int, progress: bool,
+                     fused: bool = True) -> DraftModel:
     """The draft model `load`, with a K/V storage slot for every chunk of `pool`."""
     cfg = load.config
-    model = load.build(max_positions, progress)
+    model = load.build(max_positions, progress, fused)
     kv = KVStorage(pool.num_total, pool.chunk_size, cfg.num_kv_heads, cfg.head_dim, kv_dtype, model.layer_devices)
     return DraftModel(model, kv)

@@ -1,4 +1,4 @@
-"""The session file format: README.md "Session files" is its one description (byte layout,
+"""The session file format: docs/sessions.md is its one description (byte layout,
 checksums, what a restore checks); this module reads and writes the header, and
 `cells/session.py` streams the records.
 

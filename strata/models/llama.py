@@ -113,6 +113,7 @@ class LlamaModel:
         layer_devices: Sequence[torch.device],
         max_positions: int,
         weight_mode: str = "dense",
+        fused: bool = True,
     ):
         """`weights`: Hugging Face names -> tensors already in `dtype` on their layer's device,
         plus name + ".q4" -> Q4Weight for projections kept 4-bit (`weight_mode` auto/native)."""
@@ -129,13 +130,13 @@ class LlamaModel:
         self.lm_head = make_head(head, weight_mode)
         self.inv_freq = rope_inv_freq(cfg, weights.get("rope_freqs"))  # [head_dim / 2] float32
         self.devices = list(dict.fromkeys(self.layer_devices))
-        self.prepare_runtime(max_positions)
+        self.prepare_runtime(max_positions, fused)
 
-    def prepare_runtime(self, max_positions: int) -> None:
+    def prepare_runtime(self, max_positions: int, fused: bool = True) -> None:
         """What is not weights: rotary tables for positions 0..max_positions-1 on every device,
-        and the fused decode ops where every layer is on the CPU (else None: torch ops)."""
+        and (`fused`) the fused decode ops where every layer is on the CPU (else None: torch ops)."""
         self.rotary = {d: Rotary(self.inv_freq, max_positions, self.dtype, d) for d in self.devices}
-        self.ops = load_decode_ops() if all(d.type == "cpu" for d in self.devices) else None
+        self.ops = load_decode_ops(fused) if all(d.type == "cpu" for d in self.devices) else None
 
     @property
     def has_int4(self) -> bool:

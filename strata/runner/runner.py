@@ -82,6 +82,13 @@ class ModelRunner:
             copied += self.drafter.kv.copy_cells(copies)
         return copied
 
+    @torch.inference_mode()
+    def all_logits(self, work: Sequence[LaneWork]) -> torch.Tensor:
+        """Float32 logits [tokens, vocab] for every token row of `work`, in row order, its K/V
+        written as a step's would be (strata/testing.py compares them with transformers)."""
+        inputs = self.lanes.inputs(work, fused_decode=self.ring is None)
+        return self._forward(inputs, torch.arange(inputs.input_ids.numel()))
+
     def _forward(self, inputs: StepInputs, logits_rows: torch.Tensor, busy_lanes: Sequence[int] = ()) -> torch.Tensor:
         """The model over `inputs`, reading K/V from the pool or through the ring (whose budget
         counts the rings of `busy_lanes` too)."""

@@ -6,7 +6,7 @@ import concurrent.futures
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from strata.engine.engine import Engine
+from strata.engine.interface import Engine
 from strata.sampling import SamplingParams
 
 

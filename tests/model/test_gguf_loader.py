@@ -28,6 +28,7 @@ from strata.loader import open_model
 from strata.loader.gguf_file import SUPPORTED_TYPES
 from strata.models.q4 import q4_from_blocks
 from strata.sampling import SamplingParams
+from strata.testing import prompt_logits
 from tests.conftest import require
 
 transformers = require("transformers")
@@ -282,7 +283,7 @@ def engines(case) -> dict[str, Engine]:
 
 
 def greedy(engine: Engine, ids: list[int], n: int) -> list[int]:
-    rid = engine.add_request(ids, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+    rid = engine.submit(ids, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
     tokens = []
     for out in engine.run_until_done():
         assert out.error is None
@@ -350,7 +351,7 @@ def test_dense_logits_match_transformers(case, engines):
     ids = engines["dense"].tokenizer.encode(PROMPT)
     with torch.inference_mode():
         expected = case.ref(torch.tensor([ids])).logits[0].float()
-    assert_logits_close(engines["dense"].prompt_logits(ids), expected)
+    assert_logits_close(prompt_logits(engines["dense"], ids), expected)
 
 
 def test_native_logits_match_transformers(case, engines):
@@ -361,7 +362,7 @@ def test_native_logits_match_transformers(case, engines):
     ids = engines["dense"].tokenizer.encode(PROMPT)
     with torch.inference_mode():
         expected = case.ref(torch.tensor([ids])).logits[0].float()
-    assert_logits_close(engines["native"].prompt_logits(ids), expected)
+    assert_logits_close(prompt_logits(engines["native"], ids), expected)
 
 
 def test_greedy_matches_transformers(case, engines):
