@@ -30,6 +30,7 @@ from strata.engine.build import build_parts
 from strata.engine.conversation import Conversation
 from strata.engine.info import EngineInfo
 from strata.engine.picture import PoolPicture, take_picture
+from strata.engine.prompt import Prompt, check_prompt
 from strata.engine.request import RequestOutput, RequestState
 from strata.engine.session import SessionFiles, SessionRestored, SessionSaved
 from strata.engine.snapshot import EngineSnapshot, take_snapshot
@@ -72,18 +73,14 @@ class Engine:
         self.last_admissions: tuple[Admission, ...] = ()  # the requests the last step admitted
 
     # ---- requests ---------------------------------------------------------------------
-    def submit(self, prompt: str | Sequence[int], params: SamplingParams, request_id: str | None = None,
+    def submit(self, prompt: str | Sequence[int] | Prompt, params: SamplingParams, request_id: str | None = None,
                arrival: float | None = None) -> str:
-        """Queue a request; raises RequestError (empty, longer than --max-context, ids outside the
-        vocabulary, an id in use). `arrival`: when it arrived (time.perf_counter), else now."""
-        prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        if not prompt_ids:
-            raise RequestError("the prompt is empty", param="prompt")
-        if len(prompt_ids) >= self.max_context:
-            raise ContextLengthExceeded(len(prompt_ids), self.max_context)
-        vocab = self.model_config.vocab_size
-        if any(not (0 <= t < vocab) for t in prompt_ids):
-            raise RequestError(f"prompt token ids must be in [0, {vocab})", param="prompt")
+        """Queue a request; raises RequestError (a prompt `check_prompt` refuses, an id in use).
+        A `Prompt` was checked where it entered. `arrival`: when it arrived (time.perf_counter)."""
+        if not isinstance(prompt, Prompt):
+            ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
+            prompt = check_prompt(ids, self.max_context, self.model_config.vocab_size)
+        prompt_ids = list(prompt.token_ids)
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if request_id in self._requests:
             raise RequestError(f"request id {request_id!r} is already in use")

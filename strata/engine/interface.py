@@ -6,6 +6,7 @@ from strata.engine.engine import Engine
 from strata.engine.info import EngineInfo
 from strata.engine.outputs import Collected, collect
 from strata.engine.picture import LanePicture, ParkedPicture, PoolPicture
+from strata.engine.prompt import Prompt, check_prompt
 from strata.engine.request import RequestOutput, Timings
 from strata.engine.session import SessionRestored, SessionSaved
 from strata.engine.snapshot import EngineSnapshot, LaneView
@@ -22,9 +23,11 @@ __all__ = [
     "PoolCounters",
     "PoolPicture",
     "PoolStats",
+    "Prompt",
     "RequestOutput",
     "SessionRestored",
     "SessionSaved",
     "Timings",
+    "check_prompt",
     "collect",
 ]

@@ -146,7 +146,7 @@ class Lanes:
         if lane_index is not None and self.lanes[lane_index].is_busy:
             raise ValueError(f"lane {lane_index} is busy")
         need = self.layout.num_chunks_to_grow_from(0, num_cells)
-        victims = choose_victims(self.cache, self.layout, need - self.layout.pool.num_free)
+        victims = choose_victims(self, need - self.layout.pool.num_free)
         if victims is None:
             return None
         displaced = self.lanes[lane_index].conv if lane_index is not None else None

@@ -66,8 +66,8 @@ class Scheduler:
         """The runner executed `plan`: its cells are written and `output` sampled. Returns,
         per sampled request, whether its token can be fed (False: the context is full)."""
         outcomes = {o.request_id: o for o in output.drafts}
-        commit_work(self.seqs, plan.work, self.cache, self.layout, outcomes)
-        self.counters.num_chunks_adopted += adopt_identical_chunks(self.seqs, plan.work, self.cache, self.layout)
+        commit_work(self.seqs, plan.work, self.lanes, outcomes)
+        self.counters.num_chunks_adopted += adopt_identical_chunks(self.seqs, plan.work, self.lanes)
         if self.drafts is not None:
             self.drafts.record(self.seqs, output.drafts, plan.work)
         can_continue = {}
@@ -148,7 +148,7 @@ class Scheduler:
         truncated = self._grow_decoding()
         while self.waiting:
             request_id, prompt_ids, target_cells = self.waiting[0]
-            plan = plan_admission(prompt_ids, self.lanes, self.cache, self.layout)
+            plan = plan_admission(prompt_ids, self.lanes)
             if plan is None:
                 break  # every lane is busy: wait
             self.waiting.popleft()
@@ -213,7 +213,7 @@ class Scheduler:
         }
         truncated: list[str] = []
         while (deficit := sum(needs.values()) - self.layout.pool.num_free) > 0:
-            victims = choose_victims(self.cache, self.layout, deficit)
+            victims = choose_victims(self.lanes, deficit)
             if victims is not None:
                 self.lanes.evict(victims)
                 break
@@ -252,8 +252,8 @@ class Scheduler:
         return bool(self.seqs) or bool(self.waiting)
 
     def stats(self) -> PoolStats:
-        return pool_stats(self.layout, self.lanes, self.cache)
+        return pool_stats(self.lanes)
 
     def check(self) -> None:
         """Every invariant of lanes, conversations and the pool (tests call it after each step)."""
-        check_invariants(self.layout, self.lanes, self.cache, self.seqs)
+        check_invariants(self.lanes, self.seqs)

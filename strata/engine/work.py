@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from strata.drafting.planner import DraftPlanner, draft_cells_after, kept_tokens
 from strata.engine.cache import ConversationCache
 from strata.engine.conversation import Sequence
+from strata.engine.lanes import Lanes
 from strata.kv.layout import KVLayout
 from strata.step import DraftOutcome, LaneWork
 
@@ -50,11 +51,12 @@ def build_work(seqs: Iterable[Sequence], prefill_chunk: int, prefill_alone: int 
     return tuple(work)
 
 
-def commit_work(seqs: Mapping[str, Sequence], work: Iterable[LaneWork], cache: ConversationCache,
-                layout: KVLayout, outcomes: Mapping[str, DraftOutcome] | None = None) -> None:
+def commit_work(seqs: Mapping[str, Sequence], work: Iterable[LaneWork], lanes: Lanes,
+                outcomes: Mapping[str, DraftOutcome] | None = None) -> None:
     """The runner wrote `work`'s cells: each conversation now holds them (and its tokens,
     recorded through the cache so that its prefix index follows); a lane that verified
     drafts holds its fed token and the accepted drafts only."""
+    cache, layout = lanes.cache, lanes.layout
     for w in work:
         seq = seqs[w.request_id]
         conv = seq.conv

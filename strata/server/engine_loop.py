@@ -25,7 +25,7 @@ import time
 import uuid
 from collections.abc import Callable
 
-from strata.engine.interface import Engine, EngineSnapshot, RequestOutput
+from strata.engine.interface import Engine, EngineSnapshot, Prompt, RequestOutput
 from strata.errors import QueueFullError, StrataError
 from strata.sampling import SamplingParams
 from strata.server.engine_commands import STOP, WAKE, Add, Call, Cancel
@@ -108,7 +108,7 @@ class EngineLoop:
             retry = self.snapshot.retry_after if self.snapshot is not None else 1
             raise QueueFullError(self._num_active - self.num_lanes, retry)
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams) -> RequestHandle:
+    def submit(self, prompt: Prompt | list[int], params: SamplingParams) -> RequestHandle:
         """Queue a request; QueueFullError when every lane is busy and max_waiting wait already."""
         self.check_ready()
         self.check_capacity()
@@ -116,7 +116,7 @@ class EngineLoop:
         handle = RequestHandle(request_id, self)
         self._handles[request_id] = handle
         self._num_active += 1
-        self._inbox.put(Add(request_id, list(prompt_ids), params, time.perf_counter()))
+        self._inbox.put(Add(request_id, prompt, params, time.perf_counter()))
         return handle
 
     async def call(self, fn: Callable[[Engine], object]) -> object:
@@ -218,7 +218,7 @@ class EngineLoop:
                 self._metrics.finished.labels("abort").inc()
             return []
         try:
-            engine.submit(command.prompt_ids, command.params, request_id, arrival=command.arrival)
+            engine.submit(command.prompt, command.params, request_id, arrival=command.arrival)
         except StrataError as exc:
             return [(request_id, Failed(exc))]
         except Exception as exc:

@@ -124,25 +124,30 @@ class TooManyConnections(StrataError):
         self.retry_after = retry_after
 
 
+# Every error a client can see, by type, and its HTTP status; an error takes the status of the
+# nearest type in its class hierarchy that the table names (ModelNotFound before RequestError).
+HTTP_STATUS: dict[type[BaseException], int] = {
+    RequestError: 400,
+    HostNotAllowed: 400,
+    AuthError: 401,
+    SlotFilesOff: 403,
+    OriginNotAllowed: 403,
+    ModelNotFound: 404,
+    LaneBusy: 409,
+    BodyTooLarge: 413,
+    UnsupportedMediaType: 415,
+    PoolFullError: 503,
+    QueueFullError: 503,
+    NotReady: 503,
+    TooManyConnections: 503,
+}
+
+
 def status_of(exc: BaseException) -> int:
-    if isinstance(exc, ModelNotFound):
-        return 404
-    if isinstance(exc, LaneBusy):
-        return 409
-    if isinstance(exc, SlotFilesOff):
-        return 403
-    if isinstance(exc, (RequestError, HostNotAllowed)):
-        return 400
-    if isinstance(exc, AuthError):
-        return 401
-    if isinstance(exc, OriginNotAllowed):
-        return 403
-    if isinstance(exc, BodyTooLarge):
-        return 413
-    if isinstance(exc, UnsupportedMediaType):
-        return 415
-    if isinstance(exc, (PoolFullError, QueueFullError, NotReady, TooManyConnections)):
-        return 503
+    """The status of `exc` by HTTP_STATUS; 500 for anything it does not name."""
+    for cls in type(exc).__mro__:
+        if cls in HTTP_STATUS:
+            return HTTP_STATUS[cls]
     return 500
 
 

@@ -106,7 +106,7 @@ async def first_event(request: Request, handle: RequestHandle, keepalive_s: floa
 
 async def respond(request: Request, loop: EngineLoop, job: Job, fmt_for, keepalive_s: float) -> Response:
     """Run `job`; `fmt_for(request_id)` builds the request's ResponseFormat."""
-    handle = loop.submit(job.prompt_ids, job.params)
+    handle = loop.submit(job.prompt, job.params)
     fmt: ResponseFormat = fmt_for(handle.request_id)
     try:
         if job.stream:

@@ -56,7 +56,7 @@ async def messages(body: MessagesRequest, request: Request) -> Response:
     assert job.params.max_tokens is not None  # required by the Messages API
 
     def fmt_for(request_id: str) -> MessagesResponse:
-        return MessagesResponse(MessageFormat(request_id, info.model_id, job.params.max_tokens, len(job.prompt_ids)))
+        return MessagesResponse(MessageFormat(request_id, info.model_id, job.params.max_tokens, len(job.prompt.token_ids)))
 
     return await respond(request, state.loop, job, fmt_for, state.settings.sse_keepalive_s)
 
