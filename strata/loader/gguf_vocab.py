@@ -15,7 +15,8 @@ from typing import Any
 from strata.errors import LoaderError
 
 # llama.cpp's token types (gguf.TokenType).
-TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = range(1, 7)
+TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL = 1, 2, 3
+TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 4, 5, 6
 
 # `tokenizer.ggml.model` -> what strata builds for it.
 TOKENIZER_MODELS = {"gpt2": "byte-level BPE", "llama": "SentencePiece"}

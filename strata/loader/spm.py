@@ -37,15 +37,16 @@ PREFIX_EVERY_STRETCH_ARCHES = frozenset({"phi3"})
 def sentencepiece_backend(vocab: GGUFVocab) -> tokenizers.Tokenizer:
     """The file's SentencePiece vocabulary as a byte-fallback BPE (see the module docstring)."""
     source = vocab.source
+    file_order = vocab.architecture in FILE_ORDER_ARCHES
     # Gemma stores its pieces of 2+ spaces as spaces; as pieces they are spelled with `▁`.
-    pieces = [SPACE * len(t) if len(t) > 1 and not t.strip(" ") else t for t in vocab.tokens]
+    pieces = [SPACE * len(t) if file_order and len(t) > 1 and not t.strip(" ") else t
+              for t in vocab.tokens]
     index: dict[str, int] = {}
     for i, piece in enumerate(pieces):
         if piece in index:
             raise LoaderError(f"{source}: tokenizer.ggml.tokens lists {vocab.tokens[i]!r} twice "
                               f"(ids {index[piece]} and {i})")
         index[piece] = i
-    file_order = vocab.architecture in FILE_ORDER_ARCHES
     if file_order:
         rank = [float(i) for i in range(len(pieces))]
     elif vocab.scores is None:
@@ -96,11 +97,13 @@ def _add_tokens(backend: tokenizers.Tokenizer, vocab: GGUFVocab, pieces: list[st
     """Control and unknown tokens as special added tokens, user-defined ones as plain added
     tokens (a user-defined run of spaces stays a piece: it is reached through `▁` merges)."""
     special = {TOKEN_CONTROL, TOKEN_UNKNOWN}
+    rows = enumerate(zip(vocab.tokens, vocab.types, pieces, strict=True))
     extra = [(i, AddedToken(t, special=kind in special, normalized=False))
-             for i, (t, kind, piece) in enumerate(zip(vocab.tokens, vocab.types, pieces, strict=True))
+             for i, (t, kind, piece) in rows
              if kind in special or (kind == TOKEN_USER_DEFINED and piece == t)]
     backend.add_special_tokens([tok for _, tok in extra if tok.special])
     backend.add_tokens([tok for _, tok in extra if not tok.special])
     for i, tok in extra:
         if backend.token_to_id(tok.content) != i:
-            raise LoaderError(f"{vocab.source}: added token {tok.content!r} did not keep its id {i}")
+            raise LoaderError(
+                f"{vocab.source}: added token {tok.content!r} did not keep its id {i}")

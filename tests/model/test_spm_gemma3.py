@@ -34,8 +34,8 @@ GEMMA_TEXTS = {
     "specials_broken": "<start_of_turn user <end_of_turn <bo s>",
     "user_defined": "<table><tr><td>cell</td></tr></table> <start_of_image> [multimodal]",
     "html_like": "<s>not a bos</s> <b>bold</b> <code>x</code>",
-    "tab_runs": "\t\t\t\tdeep\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\tend",
-    "newline_runs": "a\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\nb",
+    "tab_runs": "\t\t\t\tdeep" + "\t" * 35 + "end",
+    "newline_runs": "a" + "\n" * 35 + "b",
 }
 TEXTS = {**CORPUS, **GEMMA_TEXTS}
 
@@ -52,7 +52,8 @@ def ref() -> Any:
 
 def test_metadata_matches(ours: Tokenizer, ref: Any) -> None:
     assert ours.vocab_size == len(ref) == 262144
-    assert (ours.bos_token_id, ours.eos_token_ids) == (ref.bos_token_id, (ref.eos_token_id,)) == (2, (1,))
+    assert (ours.bos_token_id, ours.eos_token_ids) == (2, (1,))
+    assert (ref.bos_token_id, ref.eos_token_id) == (2, 1)
     assert ours.add_bos and not ours.add_eos and ours.chat_template is None  # a base model
     assert [ours.is_special(i) for i in (0, 1, 2, 3, 105, 106)] == [True] * 6
     assert not any(ours.is_special(i) for i in (5, 107, 138, 168, 255968, 255999))  # user-defined
@@ -74,7 +75,8 @@ def test_every_token_matches_transformers(ours: Tokenizer, ref: Any) -> None:
 
 def test_pieces_spaces_and_bytes(ours: Tokenizer) -> None:
     piece = ours.token_to_id
-    assert ours.encode("Hello world", add_special_tokens=False) == [piece("Hello"), piece("▁world")]
+    hello = [piece("Hello"), piece("▁world")]
+    assert ours.encode("Hello world", add_special_tokens=False) == hello
     assert ours.encode("  x", add_special_tokens=False)[0] == 138  # the file's "  " piece
     assert ours.encode("<end_of_turn>") == [2, 106]
     rare = "\U0010fffd"  # no piece: its four UTF-8 bytes
@@ -87,7 +89,8 @@ def test_saved_dir_round_trips(ours: Tokenizer, tmp_path: Any) -> None:
     ours.save_hf(str(tmp_path))
     again = Tokenizer.from_hf_dir(str(tmp_path))
     fast = transformers.PreTrainedTokenizerFast.from_pretrained(str(tmp_path))
-    assert (again.bos_token_id, again.eos_token_ids, again.add_bos, again.add_eos) == (2, (1,), True, False)
+    assert (again.bos_token_id, again.eos_token_ids) == (2, (1,))
+    assert again.add_bos and not again.add_eos
     assert again.byte_piece_ids == ours.byte_piece_ids
     for text in TEXTS.values():
         ids = ours.encode(text)
@@ -118,7 +121,8 @@ def test_streamed_text_equals_the_decode(ours: Tokenizer, ref: Any, skip: bool) 
 @pytest.fixture(scope="module")
 def pools(ours: Tokenizer) -> dict[str, list[int]]:
     common = sorted({i for text in TEXTS.values() for i in ours.encode(text)})
-    return {"bytes": sorted(ours.byte_piece_ids), "common": common, "special": [0, 1, 2, 3, 105, 106]}
+    special = [0, 1, 2, 3, 105, 106]
+    return {"bytes": sorted(ours.byte_piece_ids), "common": common, "special": special}
 
 
 @settings(max_examples=150, deadline=None)

@@ -46,9 +46,10 @@ WORDS = ("the of and to in is was for on that with as by at from his her they th
          "quick brown fox jumps over lazy dog café naïve résumé über 日本 語 中文 文本 한국어 текст мир")
 
 
-def _train(directory: str, add_dummy_prefix: bool) -> Any:
-    """A 600-piece BPE model as Llama 2's was trained: byte fallback, digits split, no
-    normalisation, whitespace kept as written (so every character is covered or bytes)."""
+def _train(directory: str, add_dummy_prefix: bool = True, byte_fallback: bool = True,
+           vocab_size: int = 600) -> Any:
+    """A BPE model as Llama 2's was trained: byte fallback, digits split, no normalisation,
+    whitespace kept as written (so every character is covered or spelled by its bytes)."""
     rng = random.Random(0)
     words = WORDS.split()
     lines = []
@@ -66,8 +67,8 @@ def _train(directory: str, add_dummy_prefix: bool) -> Any:
         f.write("\n".join(lines))
     prefix = os.path.join(directory, "spm")
     spm.SentencePieceTrainer.train(
-        input=text_file, model_prefix=prefix, model_type="bpe", vocab_size=600,
-        byte_fallback=True, split_digits=True, allow_whitespace_only_pieces=True,
+        input=text_file, model_prefix=prefix, model_type="bpe", vocab_size=vocab_size,
+        byte_fallback=byte_fallback, split_digits=True, allow_whitespace_only_pieces=True,
         normalization_rule_name="identity", remove_extra_whitespaces=False,
         add_dummy_prefix=add_dummy_prefix, user_defined_symbols=USER_DEFINED,
         control_symbols=CONTROL, character_coverage=0.9995, num_threads=1, minloglevel=2)
@@ -133,7 +134,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="module")
 def sp(workdir: str) -> Any:
-    return _train(workdir, add_dummy_prefix=True)
+    return _train(workdir)
 
 
 @pytest.fixture(scope="module")
@@ -261,6 +262,21 @@ def test_no_space_prefix_matches_sentencepiece(workdir: str) -> None:
         ids = sp.encode(text)
         assert ours.encode(text, add_special_tokens=False) == ids, name
         assert ours.decode(ids) == sp.decode(ids) == text, name
+
+
+def test_without_byte_pieces_unknown_characters_are_the_unknown_token(workdir: str) -> None:
+    """No `<0xNN>` pieces: a character no piece covers is the unknown token, one for a run,
+    as SentencePiece encodes (transformers' GGUF tokenizer drops such characters instead)."""
+    os.makedirs(os.path.join(workdir, "nobytes"))
+    sp = _train(os.path.join(workdir, "nobytes"), byte_fallback=False, vocab_size=300)
+    path = write_gguf(os.path.join(workdir, "nobytes.gguf"), sp)
+    ours = Tokenizer.from_gguf(open_gguf(path), path)
+    assert not ours.byte_piece_ids
+    for name, text in CORPUS.items():
+        if "\u2581" in text or "<unk>" in text or text.startswith(" "):
+            continue
+        assert ours.encode(text, add_special_tokens=False) == sp.encode(text), name
+    assert sp.unk_id() in ours.encode(CORPUS["byte_fallback"])
 
 
 def test_bad_sentencepiece_metadata_is_a_loader_error(workdir: str, sp: Any) -> None:

@@ -294,20 +294,22 @@ def test_stop_strings_cut_at_the_first_occurrence(smollm2, data, skip):
 
 @pytest.fixture(scope="module")
 def spm_tok():
-    from strata.loader.gguf_vocab import TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNKNOWN, GGUFVocab
+    from strata.loader import gguf_vocab as v
     from strata.loader.spm import sentencepiece_backend
     from strata.loader.tokenizer import Tokenizer
 
     words = ["\u2581", "\u2581Hello", "\u2581world", "Hello", "!"]
     tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256)), *words]
-    types = [TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_CONTROL] + [TOKEN_BYTE] * 256 + [TOKEN_NORMAL] * len(words)
-    vocab = GGUFVocab(
+    types = [v.TOKEN_UNKNOWN, v.TOKEN_CONTROL, v.TOKEN_CONTROL] + [v.TOKEN_BYTE] * 256
+    types += [v.TOKEN_NORMAL] * len(words)
+    vocab = v.GGUFVocab(
         source="test", model="llama", architecture="llama", tokens=tokens, types=types,
         scores=[0.0] * 259 + [-float(i) for i in range(len(words))], merges=None, pre="default",
         special_ids={"bos": 1, "eos": 2, "unknown": 0}, add_bos=True, add_eos=False,
         add_space_prefix=True, chat_template=None)
     tok = Tokenizer(sentencepiece_backend(vocab), bos_token_id=1, eos_token_ids=[2], add_bos=True)
-    return SimpleNamespace(tok=tok, byte=lambda b: 3 + b, **{w.replace("\u2581", "_"): tokens.index(w) for w in words})
+    named = {w.replace("\u2581", "_"): tokens.index(w) for w in words}  # "_Hello": id of "▁Hello"
+    return SimpleNamespace(tok=tok, byte=lambda b: 3 + b, **named)
 
 
 def test_sentencepiece_output_after_a_prompt_keeps_its_leading_space(spm_tok):
@@ -316,7 +318,8 @@ def test_sentencepiece_output_after_a_prompt_keeps_its_leading_space(spm_tok):
     detok = IncrementalDetokenizer(tok, context=[1, spm_tok._world])
     assert [d.text for d in feed(detok, ids)] == [" Hello", " world"]
     context_text = tok.decode([1, spm_tok._world], skip_special_tokens=True)
-    assert detok.text == tok.decode([1, spm_tok._world, *ids], skip_special_tokens=True)[len(context_text):]
+    whole = tok.decode([1, spm_tok._world, *ids], skip_special_tokens=True)
+    assert detok.text == whole[len(context_text):]
     alone = IncrementalDetokenizer(tok)
     assert [d.text for d in feed(alone, ids)] == ["Hello", " world"]
 
@@ -351,4 +354,5 @@ def test_a_byte_run_is_held_until_it_closes(spm_tok):
 def test_a_context_ending_inside_a_byte_run_is_not_used(spm_tok):
     tok, b = spm_tok.tok, spm_tok.byte
     detok = IncrementalDetokenizer(tok, context=[spm_tok._Hello, b(0xE4)])
-    assert [d.text for d in feed(detok, [b(0xB8), b(0x96), spm_tok._world])] == ["", "", FFFD * 2 + " world"]
+    deltas = [d.text for d in feed(detok, [b(0xB8), b(0x96), spm_tok._world])]
+    assert deltas == ["", "", FFFD * 2 + " world"]  # decoded as if no prompt came before
