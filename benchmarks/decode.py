@@ -109,8 +109,8 @@ def arm_strata(args) -> dict:
     def run(prompts, max_tokens):
         """Seconds to the last lane's first token, and from there to the end."""
         params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-        engine.scheduler.clear_cache()
-        ids = {engine.add_request(p, params) for p in prompts}
+        engine._scheduler.clear_cache()
+        ids = {engine.submit(p, params) for p in prompts}
         started = set()
         t = time.perf_counter()
         t_first = None

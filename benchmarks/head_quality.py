@@ -68,8 +68,8 @@ def continuations(engine, prompts, new: int) -> list[list[int]]:
     greedy = SamplingParams(temperature=0, max_tokens=new, ignore_eos=True)
     outs: dict[int, list[int]] = {}
     for start in range(0, len(prompts), 8):
-        engine.scheduler.clear_cache()
-        req = {engine.add_request(ids, greedy): k for k, (_, ids) in enumerate(prompts[start : start + 8], start)}
+        engine._scheduler.clear_cache()
+        req = {engine.submit(ids, greedy): k for k, (_, ids) in enumerate(prompts[start : start + 8], start)}
         for o in engine.run_until_done():
             outs.setdefault(req[o.request_id], []).extend(o.new_token_ids)
     return [outs[k] for k in range(len(prompts))]
@@ -86,11 +86,12 @@ def main() -> None:
     from strata.config import EngineConfig
     from strata.engine.engine import Engine
     from strata.models.head import Int8Head
+    from strata.testing import prompt_logits
 
     torch.set_num_threads(args.threads)
     engine = Engine(EngineConfig(dtype="bfloat16", weights="auto", max_context=LONG_TOKENS + 256, batch=7,
                                  threads=args.threads), progress=False)
-    model = engine.model
+    model = engine._model
     head = model.lm_head
     assert isinstance(head, Int8Head), type(head)
     tok = engine.tokenizer
@@ -100,7 +101,7 @@ def main() -> None:
     both = BothHeads(head)
     model.lm_head = both
     for i, (_, ids) in enumerate(prompts):  # every prompt position
-        engine.prompt_logits(ids)
+        prompt_logits(engine, ids)
         print(f"[{i + 1}/{len(prompts)}] positions", file=sys.stderr, flush=True)
     continuations(engine, prompts, args.new)  # every greedy step on the dense path
     per_position = dict(both.stats)

@@ -5,7 +5,7 @@
 Prompts (built here, 50+): chats through the model's chat template (one and several
 turns), code snippets (raw and inside a chat), and long contexts of ~3.9K tokens made by
 concatenating varied text. Both K/V arms hold the same weights (bfloat16 compute, what
-users run) in one process. Per prompt, `Engine.prompt_logits` gives every position's logits
+users run) in one process. Per prompt, `strata.testing.prompt_logits` gives every position's logits
 under each arm: the table reports the mean and max |logit difference| over every position
 and vocabulary entry, and top-1 agreement per position; then each prompt is continued
 greedily for `--new` tokens (ignore EOS) under each arm, and the share of continuations
@@ -137,6 +137,7 @@ def main() -> None:
     from strata.config import EngineConfig
     from strata.engine.engine import Engine
     from strata.sampling import SamplingParams
+    from strata.testing import prompt_logits
 
     torch.set_num_threads(args.threads)
     arms = (args.ref, args.test)
@@ -147,7 +148,7 @@ def main() -> None:
     rows = []
     bar = progress_bar(len(prompts) * (1 + len(arms)), "logits, then continuations", unit="prompt")
     for i, (kind, ids) in enumerate(prompts):
-        a, b = (engines[kv].prompt_logits(ids) for kv in arms)
+        a, b = (prompt_logits(engines[kv], ids) for kv in arms)
         diff = (a - b).abs()
         rows.append({"kind": kind, "tokens": len(ids), "sum_abs": diff.sum(dtype=torch.float64).item(),
                      "entries": diff.numel(), "max_abs": diff.max().item(),
@@ -159,13 +160,13 @@ def main() -> None:
     greedy = SamplingParams(temperature=0, max_tokens=args.new, ignore_eos=True)
     conts = {}
     for kv, e in engines.items():
-        e.scheduler.clear_cache()
+        e._scheduler.clear_cache()
         outs = {}
         for start in range(0, len(prompts), 8):  # 8 lanes decode together
-            req = {e.add_request(ids, greedy): k for k, (_, ids) in enumerate(prompts[start : start + 8], start)}
+            req = {e.submit(ids, greedy): k for k, (_, ids) in enumerate(prompts[start : start + 8], start)}
             for o in e.run_until_done():
                 outs.setdefault(req[o.request_id], []).extend(o.new_token_ids)
-            e.scheduler.clear_cache()
+            e._scheduler.clear_cache()
             bar.update(len(req))
         conts[kv] = [outs[k] for k in range(len(prompts))]
     bar.close()
@@ -192,7 +193,7 @@ def main() -> None:
         [[k, v["prompts"], v["positions"], f"{v['mean_abs']:.4f}", f"{v['max_abs']:.3f}", f"{100 * v['top1']:.2f} %",
           f"{100 * v['identical']:.0f} %"] for k, v in table.items()],
     )
-    bpc = {kv: e.kv.bytes_per_cell for kv, e in engines.items()}
+    bpc = {kv: e._kv.bytes_per_cell for kv, e in engines.items()}
     name = "kv_quality.json" if arms == ("bf16", "int8") and args.limit is None else (
         f"kv_quality-{args.test}-vs-{args.ref}{'' if args.limit is None else f'-first{args.limit}'}.json")
     path = write_json(name, {"args": vars(args), "bytes_per_cell": bpc, "summary": table,

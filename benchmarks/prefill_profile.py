@@ -59,9 +59,9 @@ def main() -> None:
     params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
 
     def strata_prompt(i: int) -> None:
-        engine.add_request(prompt_ids(engine.tokenizer, args.prompt, 100 + i), params)
+        engine.submit(prompt_ids(engine.tokenizer, args.prompt, 100 + i), params)
         engine.run_until_done()
-        engine.scheduler.clear_cache()  # the next prompt shares no prefix
+        engine._scheduler.clear_cache()  # the next prompt shares no prefix
 
     def hf_prompt(i: int) -> None:
         ids = torch.tensor([prompt_ids(engine.tokenizer, args.prompt, 200 + i)])

@@ -75,7 +75,7 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> int:
     a = parse_args()
-    from strata.engine.spec.adaptive import DRAFT_COST_FIRST, DRAFT_COST_MORE
+    from strata.drafting.adaptive import DRAFT_COST_FIRST, DRAFT_COST_MORE
     from benchmarks.spec_parts.arm import SpecArm
 
     llama = peer.detect()

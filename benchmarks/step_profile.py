@@ -53,14 +53,14 @@ def run(lanes: int, steps: int, threads: int) -> dict:
                     progress=False)  # spec off: every profiled step decodes one token per lane
     params = SamplingParams(temperature=0, max_tokens=4 * steps + 64, ignore_eos=True)
     for i in range(lanes):
-        engine.add_request(prompt_ids(engine.tokenizer, 512, 20 + i), params)
+        engine.submit(prompt_ids(engine.tokenizer, 512, 20 + i), params)
     for _ in range(lanes + 16):  # prompts read, a few warm decode steps
         engine.step()
-    ops = engine.model.ops
-    runner = engine.runner
+    ops = engine._model.ops
+    runner = engine._runner
     out = {}
     for arm in ARMS * 2:
-        engine.model.ops = None if arm == "torch" else ops
+        engine._model.ops = None if arm == "torch" else ops
         if arm == "fused, SDPA reads":  # the fused ops, but decode attention through torch's SDPA reads
             runner._decode_kernel = lambda: None
         wall, by_op = profile_steps(engine, steps)
@@ -68,7 +68,7 @@ def run(lanes: int, steps: int, threads: int) -> dict:
         prev = out.get(arm)
         if prev is None or wall < prev["ms_per_step"]:  # the quieter of two rounds
             out[arm] = {"ms_per_step": wall, "ops": by_op}
-    engine.model.ops = ops
+    engine._model.ops = ops
     return out
 
 

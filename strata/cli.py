@@ -40,7 +40,7 @@ def _messages(args: argparse.Namespace) -> list[dict] | None:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from strata.engine.engine import Engine
+    from strata.engine.interface import Engine, collect
     from strata.sampling import SamplingParams
 
     if not args.messages and args.prompt is None:
@@ -63,51 +63,44 @@ def cmd_generate(args: argparse.Namespace) -> int:
     engine = Engine(config, progress=sys.stderr.isatty())
     load_s = time.perf_counter() - t0
     prompt = args.prompt if messages is None else engine.tokenizer.encode_chat(messages)
-    request_id = engine.add_request(prompt, params)
-    num_prompt = len(engine.requests[request_id].prompt_ids)
-    text, tokens, final = [], [], None
-    while final is None:
-        for out in engine.step():
-            if out.error is not None:
-                raise out.error
-            tokens.extend(out.new_token_ids)
-            text.append(out.new_text)
-            if not args.json and out.new_text:
-                sys.stdout.write(out.new_text)
-                sys.stdout.flush()
-            if out.finished:
-                final = out
-    stats = engine.scheduler.stats()
-    kv_held = stats.num_chunks_held * stats.chunk_size * engine.kv.bytes_per_cell
+    request_id = engine.submit(prompt, params)
+    got = collect(engine.stream(request_id), None if args.json else _write)
+    final, snap = got.final, engine.snapshot()
     t = final.timings
     result = {
-        "text": "".join(text), "token_ids": tokens, "finish_reason": final.finish_reason,
-        "truncated": final.truncated, "prompt_tokens": num_prompt, "completion_tokens": len(tokens),
-        "ttft_ms": round(t.prompt_ms, 2), "prefill_tok_s": round(t.prompt_per_second, 2),
-        "decode_tok_s": round(t.predicted_per_second, 2), "kv_bytes_held": kv_held,
-        "load_s": round(load_s, 3), "timings": t.as_dict(),
+        "text": got.text, "token_ids": got.token_ids, "finish_reason": final.finish_reason,
+        "truncated": final.truncated, "prompt_tokens": final.num_prompt_tokens,
+        "completion_tokens": len(got.token_ids), "ttft_ms": round(t.prompt_ms, 2),
+        "prefill_tok_s": round(t.prompt_per_second, 2), "decode_tok_s": round(t.predicted_per_second, 2),
+        "kv_bytes_held": snap.kv_bytes_held, "load_s": round(load_s, 3), "timings": t.as_dict(),
     }
     spec = None
-    if engine.scheduler.drafts is not None:
-        c = engine.scheduler.drafts.counters
+    if snap.spec is not None:
+        c = snap.spec
         spec = {"drafted": c.num_drafted, "accepted": c.num_accepted, "verify_steps": c.num_steps}
         result["spec"] = spec
     ring = None
-    if engine.ring is not None:
-        ring = {**engine.ring.stats(), **(engine.ring.lane_stats(0) or {})}
+    if snap.ring is not None:
+        ring = {**snap.ring, **(snap.lanes[0].ring or {})}
         result["ring"] = ring
     if args.json:
         print(json.dumps(result, ensure_ascii=False))
     else:
         sys.stdout.write("\n")
         print(
-            f"[prompt {num_prompt} tok | TTFT {t.prompt_ms:.0f} ms | prefill {t.prompt_per_second:.1f} tok/s | "
-            f"decode {t.predicted_per_second:.1f} tok/s ({len(tokens)} tok) | K/V held {kv_held / MIB:.1f} MiB | "
+            f"[prompt {final.num_prompt_tokens} tok | TTFT {t.prompt_ms:.0f} ms | prefill "
+            f"{t.prompt_per_second:.1f} tok/s | decode {t.predicted_per_second:.1f} tok/s ({len(got.token_ids)} tok) | "
+            f"K/V held {snap.kv_bytes_held / MIB:.1f} MiB | "
             + (_ring_summary(ring) if ring else "") + (_spec_summary(spec) if spec else "")
             + f"{final.finish_reason}]",
             file=sys.stderr,
         )
     return 0
+
+
+def _write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
 
 
 def _ring_summary(ring: dict) -> str:
@@ -151,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
                         format="strata: %(message)s")
+    logging.getLogger("strata.ring").setLevel(logging.INFO)  # each ring sizing is shown (DESIGN.md)
     try:
         return args.func(args)
     except StrataError as exc:

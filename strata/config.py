@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from strata.errors import ConfigError
@@ -49,6 +50,7 @@ class EngineConfig:
     kv_ring_default: int = DEFAULT_RING
     kv_ring_budget: int | None = None  # device cells per layer for every ring together (None: lanes x cap)
     kv_ring_adapt: bool | None = None  # None: from STRATA_KV_RING_ADAPT
+    fused: bool | None = None  # the fused CPU decode ops where they apply; None: from STRATA_FUSED
     spec: str = "ngram"  # speculative decoding: "ngram" (prompt lookup), "draft" (--draft-model), "off"
     spec_k: int = DEFAULT_SPEC_K  # drafts a lane proposes a step, at most (adaptive below it)
     draft_model: str | None = None
@@ -60,6 +62,8 @@ class EngineConfig:
             object.__setattr__(self, "devices", tuple(self.devices))
         if self.kv_ring_adapt is None:
             object.__setattr__(self, "kv_ring_adapt", ring_adapt_enabled(os.environ))
+        if self.fused is None:
+            object.__setattr__(self, "fused", fused_enabled(os.environ))
         validate(self)
 
     @property
@@ -96,6 +100,33 @@ class EngineConfig:
 
     def replace(self, **changes) -> EngineConfig:
         return dataclasses.replace(self, **changes)
+
+
+FUSED_ENV = "STRATA_FUSED"
+CACHE_ENV = "STRATA_CACHE_DIR"
+
+
+def fused_enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """`STRATA_FUSED`: unset, empty, 1, true or on use the fused CPU decode ops (strata/csrc) where
+    they apply; 0, false or off use torch's ops; any other value is an error."""
+    environ = os.environ if environ is None else environ
+    value = environ.get(FUSED_ENV, "").strip().lower()
+    if value in ("", "1", "true", "on"):
+        return True
+    if value in ("0", "false", "off"):
+        return False
+    raise ConfigError(f"${FUSED_ENV} must be 1/true/on or 0/false/off, got {environ[FUSED_ENV]!r}")
+
+
+def prepared_cache_dir(environ: Mapping[str, str] | None = None) -> str | None:
+    """Where the prepared-model cache lives: `$STRATA_CACHE_DIR` (off, 0, false or empty: no
+    cache), else `$XDG_CACHE_HOME/strata`, else ~/.cache/strata."""
+    environ = os.environ if environ is None else environ
+    value = environ.get(CACHE_ENV)
+    if value is not None:
+        return None if value.strip().lower() in ("off", "0", "false", "") else value
+    base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "strata")
 
 
 def _positive_int(value, flag: str, minimum: int = 1) -> None:

@@ -34,12 +34,12 @@ class RequestError(StrataError, ValueError):
 class ContextLengthExceeded(RequestError):
     """The prompt is longer than `--max-context` allows (HTTP 400)."""
 
-    def __init__(self, num_prompt_tokens: int, max_context: int):
+    def __init__(self, num_prompt_tokens: int, max_context: int, param: str = "messages"):
         super().__init__(
             f"the prompt has {num_prompt_tokens} tokens, more than --max-context "
             f"{max_context} allows (it must leave room for at least one new token)",
             code="context_length_exceeded",
-            param="messages",
+            param=param,
         )
         self.num_prompt_tokens = num_prompt_tokens
         self.max_context = max_context

@@ -6,9 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from strata.config import EngineConfig
-from strata.engine.engine import Engine
-from strata.engine.request import Timings
-from strata.engine.session import SessionRestored, SessionSaved
+from strata.engine.interface import Collected, Engine, SessionRestored, SessionSaved, Timings, collect
 from strata.sampling import SamplingParams
 
 Prompt = str | Sequence[int]
@@ -24,6 +22,12 @@ class Completion:
     truncated: bool
     num_cached_tokens: int
     timings: Timings | None
+
+
+def _completion(request_id: str, prompt_ids: list[int], got: Collected) -> Completion:
+    final = got.final
+    return Completion(request_id, tuple(prompt_ids), tuple(got.token_ids), got.text, final.finish_reason,
+                      final.truncated, final.num_cached_tokens, final.timings)
 
 
 class LLM:
@@ -50,35 +54,17 @@ class LLM:
             params = [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts need as many SamplingParams, got {len(params)}")
+        prompt_ids = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
         ids: list[str] = []
         try:  # a bad prompt or a refusal ends the call and leaves nothing queued behind it
-            for p, sp in zip(prompts, params):
-                ids.append(self.engine.add_request(p, sp))
-            prompt_ids = {i: tuple(self.engine.requests[i].prompt_ids) for i in ids}
-            tokens: dict[str, list[int]] = {i: [] for i in ids}
-            texts: dict[str, list[str]] = {i: [] for i in ids}
-            done = {}
-            while len(done) < len(ids):
-                for out in self.engine.step():
-                    if out.request_id not in tokens:
-                        continue
-                    tokens[out.request_id].extend(out.new_token_ids)
-                    texts[out.request_id].append(out.new_text)
-                    if out.error is not None:
-                        raise out.error
-                    if out.finished:
-                        done[out.request_id] = out
+            for p, sp in zip(prompt_ids, params):
+                ids.append(self.engine.submit(p, sp))
+            done = {i: collect(self.engine.stream(i)) for i in ids}  # all run together: each stream steps them all
         except BaseException:
             for i in ids:
-                self.engine.abort(i)
+                self.engine.cancel(i)
             raise
-        return [
-            Completion(
-                i, prompt_ids[i], tuple(tokens[i]), "".join(texts[i]), done[i].finish_reason,
-                done[i].truncated, done[i].num_cached_tokens, done[i].timings,
-            )
-            for i in ids
-        ]
+        return [_completion(i, p, done[i]) for i, p in zip(ids, prompt_ids)]
 
     def chat(
         self, conversations: Sequence[dict] | Sequence[Sequence[dict]], params: SamplingParams | None = None
@@ -92,7 +78,7 @@ class LLM:
     def save_session(self, path: str, token_ids: Sequence[int] | None = None, lane: int | None = None) -> SessionSaved:
         """Writes a held conversation to the session file `path`: the one holding the longest
         prefix of `token_ids` (e.g. a Completion's prompt_token_ids + token_ids: every token
-        but the last sampled one has K/V), or lane `lane`'s. README.md "Session files"."""
+        but the last sampled one has K/V), or lane `lane`'s. docs/sessions.md."""
         if (token_ids is None) == (lane is None):
             raise ValueError("save_session needs token_ids or lane (one of them)")
         return self.engine.save_session(path, lane=lane, token_ids=token_ids)

@@ -13,7 +13,8 @@ Normalisations (so consumers see one spelling per meaning):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import InitVar, dataclass
 from typing import Any
 
 from strata.errors import RequestError
@@ -53,28 +54,22 @@ def _check_optional_int(name: str, value: Any, low: int, high: int | None) -> No
         raise RequestError(f"{name} must be {bounds}, got {value}", param=name)
 
 
-def _normalise_stop(value: Any) -> tuple[str, ...]:
+def _normalise_stop(value: Any, name: str = "stop") -> tuple[str, ...]:
     if value is None:
         return ()
     items = (value,) if isinstance(value, str) else value
     if not isinstance(items, (list, tuple)):
-        raise RequestError(
-            f"stop must be a string or a list of strings, got {value!r}", param="stop"
-        )
+        raise RequestError(f"{name} must be a string or a list of strings, got {value!r}", param=name)
     if len(items) > MAX_STOP_STRINGS:
-        raise RequestError(
-            f"stop may hold at most {MAX_STOP_STRINGS} strings, got {len(items)}", param="stop"
-        )
+        raise RequestError(f"{name} may hold at most {MAX_STOP_STRINGS} strings, got {len(items)}", param=name)
     for item in items:
         if not isinstance(item, str):
-            raise RequestError(f"stop strings must be strings, got {item!r}", param="stop")
+            raise RequestError(f"{name} strings must be strings, got {item!r}", param=name)
         if not item:
-            raise RequestError("stop strings must not be empty", param="stop")
+            raise RequestError(f"{name} strings must not be empty", param=name)
         if len(item) > MAX_STOP_LENGTH:
             raise RequestError(
-                f"stop strings may be at most {MAX_STOP_LENGTH} characters, got {len(item)}",
-                param="stop",
-            )
+                f"{name} strings may be at most {MAX_STOP_LENGTH} characters, got {len(item)}", param=name)
     return tuple(items)
 
 
@@ -113,9 +108,13 @@ class SamplingParams:
     ignore_eos: bool = False
     # None: no logprobs; else the chosen token's logprob plus this many alternatives.
     logprobs: int | None = None
+    # The names errors give the fields, where the caller's API spells them otherwise
+    # (e.g. {"max_tokens": "max_completion_tokens"}, or a command line's flags)
+    field_names: InitVar[Mapping[str, str] | None] = None
 
-    def __post_init__(self) -> None:
-        _check_optional_int("max_tokens", self.max_tokens, 1, None)
+    def __post_init__(self, field_names: Mapping[str, str] | None) -> None:
+        names = field_names or {}
+        _check_optional_int(names.get("max_tokens", "max_tokens"), self.max_tokens, 1, None)
 
         temperature = _check_float("temperature", self.temperature)
         if not 0.0 <= temperature <= MAX_TEMPERATURE:
@@ -146,7 +145,7 @@ class SamplingParams:
         if self.seed is not None and not _is_int(self.seed):
             raise RequestError(f"seed must be an integer or null, got {self.seed!r}", param="seed")
 
-        object.__setattr__(self, "stop", _normalise_stop(self.stop))
+        object.__setattr__(self, "stop", _normalise_stop(self.stop, names.get("stop", "stop")))
         object.__setattr__(self, "stop_token_ids", _normalise_stop_token_ids(self.stop_token_ids))
 
         if not isinstance(self.ignore_eos, bool):

@@ -17,7 +17,7 @@ import sys
 
 from strata.engine_args import add_engine_args, engine_config
 from strata.errors import ConfigError
-from strata.kv.session import SessionReader
+from strata.cells.session import SessionReader
 
 
 def add_session_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -45,21 +45,14 @@ def add_session_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _answer(engine, prompt_ids: list[int], max_new: int) -> tuple[list[int], str, int]:
+    from strata.engine.interface import collect
     from strata.sampling import SamplingParams
 
     if max_new < 1:
         raise ConfigError(f"--max-new must be at least 1, got {max_new}")
-    request_id = engine.add_request(prompt_ids, SamplingParams(temperature=0, max_tokens=max_new))
-    tokens, text, cached = [], [], 0
-    for out in engine.run_until_done():
-        if out.request_id != request_id:
-            continue
-        if out.error is not None:
-            raise out.error
-        tokens += out.new_token_ids
-        text.append(out.new_text)
-        cached = out.num_cached_tokens
-    return tokens, "".join(text), cached
+    request_id = engine.submit(prompt_ids, SamplingParams(temperature=0, max_tokens=max_new))
+    got = collect(engine.stream(request_id))
+    return got.token_ids, got.text, got.final.num_cached_tokens
 
 
 def _print(result: dict) -> int:
@@ -68,7 +61,7 @@ def _print(result: dict) -> int:
 
 
 def cmd_save(args: argparse.Namespace) -> int:
-    from strata.engine.engine import Engine
+    from strata.engine.interface import Engine
 
     if not args.prompt:
         raise ConfigError("--prompt is required: the conversation to save starts with it")
@@ -83,7 +76,7 @@ def cmd_save(args: argparse.Namespace) -> int:
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
-    from strata.engine.engine import Engine
+    from strata.engine.interface import Engine
 
     engine = Engine(engine_config(args), progress=sys.stderr.isatty())
     restored = engine.restore_session(args.file)
@@ -92,7 +85,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
     if args.prompt:
         # The follow-up goes on from the restored tokens as is: raw text (special-token
         # spellings such as "<|im_start|>" become their ids), no chat template is applied.
-        history = engine.scheduler.cache.get(restored.conv_id).token_ids
+        history = list(restored.token_ids)
         follow_up = engine.tokenizer.encode(args.prompt, add_special_tokens=False)
         tokens, text, cached = _answer(engine, history + follow_up, args.max_new)
         result.update(text=text, cached_tokens=cached, prompt_tokens=len(history) + len(follow_up))

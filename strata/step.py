@@ -17,6 +17,19 @@ if TYPE_CHECKING:  # the sampler imports torch; these records do not need it
 
 
 @dataclass(frozen=True)
+class LaneDrafts:
+    """A decoding lane's drafting for one step (strata/drafting)."""
+
+    num_drafts: int = 0  # the lane's token_ids[1:] are drafts, verified this step (every row samples)
+    # --spec draft: the runner's draft model proposes up to `slots` drafts (token_ids is then the
+    # pending token alone), first feeding it `feed`: the tokens from position `feed_start` to the
+    # pending token, whose draft-model K/V is not written yet
+    slots: int = 0
+    feed: tuple[int, ...] = ()
+    feed_start: int = 0
+
+
+@dataclass(frozen=True)
 class LaneWork:
     """Tokens one lane feeds this step, and where their K/V goes."""
 
@@ -28,18 +41,21 @@ class LaneWork:
     do_sample: bool  # the last token's logits give the lane's next token
     # prompt + the most new tokens its request may take (sizes a ring; 0: unknown); a hint, not identity
     target_cells: int = field(default=0, compare=False)
-    # A decoding lane's draft tokens (token_ids[1:]), verified in this step: every row samples
-    num_drafts: int = 0
-    # --spec draft: the draft model proposes up to draft_slots tokens in the runner (token_ids is
-    # then the pending token alone), first feeding it draft_feed (tokens from position
-    # draft_start to the pending token, whose draft-model K/V is not written yet)
-    draft_slots: int = 0
-    draft_feed: tuple[int, ...] = ()
-    draft_start: int = 0
+    drafts: LaneDrafts | None = None  # a decoding lane's drafts (--spec); None: it does not draft
 
     @property
     def num_cells(self) -> int:
         return self.start + len(self.token_ids)
+
+    @property
+    def num_drafts(self) -> int:
+        """Drafts among token_ids (verified this step)."""
+        return self.drafts.num_drafts if self.drafts is not None else 0
+
+    @property
+    def draft_slots(self) -> int:
+        """Drafts the runner's draft model proposes for this lane this step."""
+        return self.drafts.slots if self.drafts is not None else 0
 
 
 @dataclass(frozen=True)

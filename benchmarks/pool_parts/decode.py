@@ -33,7 +33,7 @@ def arm_decode(p: dict) -> dict:
     prompts: dict[str, list[list[int]]] = {}
     fill_s = {}
     for layout, e in engines.items():
-        synth = Synthetic(e.kv, seed=3)
+        synth = Synthetic(e._kv, seed=3)
         prompts[layout] = []
         fill_s[layout] = 0.0
         for lane in range(2):
@@ -45,7 +45,7 @@ def arm_decode(p: dict) -> dict:
     for r in range(p["rounds"]):
         state = {}
         for layout, e in engines.items():
-            ids = [e.add_request(pr + turn, params) for pr in prompts[layout]]
+            ids = [e.submit(pr + turn, params) for pr in prompts[layout]]
             state[layout] = {"ids": ids, "t0": time.perf_counter(), "out": {i: [] for i in ids}, "fin": {},
                              "ttft_s": None, "step_s": [], "step_cpu_s": [], "chunks": []}
         order = LAYOUTS if r % 2 == 0 else LAYOUTS[::-1]
@@ -80,13 +80,13 @@ def arm_decode(p: dict) -> dict:
                 "decode_tok_s_total": 2 * len(st["step_s"]) / sum(st["step_s"]),
                 "num_cached_tokens": [st["fin"][i].num_cached_tokens for i in st["ids"]],
                 "num_output_tokens": [st["fin"][i].num_output_tokens for i in st["ids"]],
-                "chunk_tables": [list(c.table.chunk_ids) for c in e.scheduler.cache],
+                "chunk_tables": [list(c.table.chunk_ids) for c in e._scheduler.cache],
             })
             print(f"  decode round {r + 1} {layout}: {2 / med:.2f} tok/s (median step {med * 1e3:.0f} ms), "
                   f"turn TTFT {st['ttft_s']:.2f} s", file=sys.stderr)
     same = all(a["num_output_tokens"] == b["num_output_tokens"] for a, b in zip(raw["reserved"], raw["pool"]))
     return {"raw": raw, "fill_s": fill_s, "same_lengths": same,
-            "kv_bytes": {k: e.kv.num_bytes for k, e in engines.items()}, "peak_rss_mib": peak_rss_mib()}
+            "kv_bytes": {k: e._kv.num_bytes for k, e in engines.items()}, "peak_rss_mib": peak_rss_mib()}
 
 
 def measure(run: Run) -> None:

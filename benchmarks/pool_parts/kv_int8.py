@@ -43,8 +43,8 @@ def arm_kv_int8(p: dict) -> dict:
             prompt = random_tokens(n, 100 * r + n, vocab)
             state = {}
             for kv, e in engines.items():
-                e.scheduler.clear_cache()
-                state[kv] = {"id": e.add_request(prompt, params), "steps": [], "out": [], "t0": time.perf_counter()}
+                e._scheduler.clear_cache()
+                state[kv] = {"id": e.submit(prompt, params), "steps": [], "out": [], "t0": time.perf_counter()}
             order = KV_DTYPES if r % 2 == 0 else KV_DTYPES[::-1]
             while any(e.has_work for e in engines.values()):
                 for kv in order:
@@ -64,8 +64,8 @@ def arm_kv_int8(p: dict) -> dict:
             same[f"{n}/{r}"] = state["bf16"]["out"] == state["int8"]["out"]
             print(f"  kv_int8 round {r + 1}, {n} cells: " + ", ".join(
                 f"{kv} {raw[kv][str(n)][-1]['decode_tok_s']:.1f} tok/s" for kv in KV_DTYPES), file=sys.stderr)
-    return {"raw": raw, "same_tokens": same, "bytes_per_cell": {kv: e.kv.bytes_per_cell for kv, e in engines.items()},
-            "kv_bytes": {kv: e.kv.num_bytes for kv, e in engines.items()}, "peak_rss_mib": peak_rss_mib()}
+    return {"raw": raw, "same_tokens": same, "bytes_per_cell": {kv: e._kv.bytes_per_cell for kv, e in engines.items()},
+            "kv_bytes": {kv: e._kv.num_bytes for kv, e in engines.items()}, "peak_rss_mib": peak_rss_mib()}
 
 
 def measure(run: Run) -> None:

@@ -41,10 +41,10 @@ def arm_capacity(p: dict) -> dict:
     cells = p["cells"]
     t0 = time.perf_counter()
     engine = make_engine(p, p["layout"], p["max_context"], p["lanes"] - 1, p["pool_tokens"], 256)
-    out: dict = {"start_s": time.perf_counter() - t0, "kv_bytes": engine.kv.num_bytes,
-                 "num_chunks": engine.layout.pool.num_total, "start": memory_now()}
+    out: dict = {"start_s": time.perf_counter() - t0, "kv_bytes": engine._kv.num_bytes,
+                 "num_chunks": engine._layout.pool.num_total, "start": memory_now()}
     vocab = engine.model_config.vocab_size
-    synth = Synthetic(engine.kv, seed=2)
+    synth = Synthetic(engine._kv, seed=2)
     held_after, evictions_after, refused = [], [], False
     for i in range(p["attempts"]):
         try:
@@ -53,18 +53,18 @@ def arm_capacity(p: dict) -> dict:
             refused = True
             break
         synth.fill(conv.table, cells)
-        held_after.append(len(engine.scheduler.cache))
-        evictions_after.append(engine.scheduler.counters.num_evictions)
+        held_after.append(len(engine._scheduler.cache))
+        evictions_after.append(engine._scheduler.counters.num_evictions)
         if evictions_after[-1]:
             break  # this one made an earlier one give way: the layout is full
-    st = engine.scheduler.stats()
+    st = engine._scheduler.stats()
     out["held"] = {"held_after_each": held_after, "evictions_after_each": evictions_after, "refused": refused,
                    "num_conversations": max(held_after, default=0), "num_chunks_held": st.num_chunks_held,
                    "num_chunks_free": st.num_chunks_free, **memory_now()}
     # every conversation still held is live: a short turn appended to each, decoded together
     turn = engine.tokenizer.encode(TURN, add_special_tokens=False)
     params = SamplingParams(temperature=0, max_tokens=p["new"], ignore_eos=True)
-    ids = [engine.add_request(c.token_ids + turn, params) for c in list(engine.scheduler.cache)]
+    ids = [engine.submit(c.token_ids + turn, params) for c in list(engine._scheduler.cache)]
     t = time.perf_counter()
     finished = {}
     while engine.has_work:

@@ -34,11 +34,11 @@ def arm_move(p: dict) -> dict:
     layout = p["layout"]
     t0 = time.perf_counter()
     engine = make_engine(p, layout, p["max_context"], 1, p["max_context"], 256)
-    start = {"start_s": time.perf_counter() - t0, "kv_bytes": engine.kv.num_bytes,
-             "num_chunks": engine.layout.pool.num_total, **memory_now()}
-    kv = engine.kv
+    start = {"start_s": time.perf_counter() - t0, "kv_bytes": engine._kv.num_bytes,
+             "num_chunks": engine._layout.pool.num_total, **memory_now()}
+    kv = engine._kv
     vocab = engine.model_config.vocab_size
-    sched = engine.scheduler
+    sched = engine._scheduler
     synth = Synthetic(kv, seed=1)
     lengths = []
     for n in p["lengths"]:

@@ -37,19 +37,19 @@ def arm_prefix_ttft(p: dict) -> dict:
     out = {}
     for n in p["sharers"]:
         for arm, cache_cls in (("sharing", ConversationCache), ("without", NoSharingCache)):
-            engine.scheduler.clear_cache()
-            engine.scheduler.cache = cache_cls()
+            engine._scheduler.clear_cache()
+            engine._scheduler.cache = cache_cls()
             prompts = [system + random_tokens(QUESTION_TOKENS, 100 + i, vocab) for i in range(n)]
             rows = [timed_request(engine, prompt) for prompt in prompts]
-            st = engine.scheduler.stats()
+            st = engine._scheduler.stats()
             out[f"{n}|{arm}"] = {"requests": rows, "chunks_held": st.num_chunks_held,
                                  "chunks_shared": st.num_chunks_shared, "cells_saved": st.num_cells_saved}
             later = [r["ttft_s"] for r in rows[1:]]
             print(f"  N={n} {arm}: first {rows[0]['ttft_s']:.2f} s, later median "
                   f"{statistics.median(later) if later else float('nan'):.2f} s, chunks held {st.num_chunks_held}",
                   file=sys.stderr)
-    engine.scheduler.clear_cache()
-    engine.scheduler.cache = ConversationCache()
+    engine._scheduler.clear_cache()
+    engine._scheduler.cache = ConversationCache()
     return {"results": out, "peak_rss_mib": peak_rss_mib()}
 
 

@@ -60,8 +60,8 @@ class Synthetic:
         t = time.perf_counter()
         for j, cells, n in self._spans(table, num_cells):
             for layer in range(self.kv.num_layers):
-                self.kv.k[layer][:, cells].copy_(self._window(j, layer, False, n))
-                self.kv.v[layer][:, cells].copy_(self._window(j, layer, True, n))
+                self.kv.k[layer].data[:, cells].copy_(self._window(j, layer, False, n))
+                self.kv.v[layer].data[:, cells].copy_(self._window(j, layer, True, n))
             self.kv.cells_written(cells.start, n)  # a ring in front of the pool drops its copies
         return time.perf_counter() - t
 
@@ -73,9 +73,9 @@ class Synthetic:
         picks = {0, len(spans) // 2, len(spans) - 1}
         for j, cells, n in (spans[i] for i in sorted(picks)):
             for layer in {0, self.kv.num_layers - 1}:
-                if not torch.equal(self.kv.k[layer][:, cells], self._window(j, layer, False, n)):
+                if not torch.equal(self.kv.k[layer].data[:, cells], self._window(j, layer, False, n)):
                     return False
-                if not torch.equal(self.kv.v[layer][:, cells], self._window(j, layer, True, n)):
+                if not torch.equal(self.kv.v[layer].data[:, cells], self._window(j, layer, True, n)):
                     return False
         return True
 

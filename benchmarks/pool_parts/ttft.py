@@ -38,7 +38,7 @@ def timed_request(engine, prompt: list[int]) -> dict:
     from strata.sampling import SamplingParams
 
     c, t = time.process_time(), time.perf_counter()
-    rid = engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=1))
+    rid = engine.submit(prompt, SamplingParams(temperature=0, max_tokens=1))
     while True:
         for o in engine.step():
             if o.request_id == rid and o.new_token_ids:
@@ -76,14 +76,14 @@ def arm_ttft(p: dict) -> dict:
     for e in engines.values():  # warm-up: a short cold prompt and a follow-up (the masked, cached path)
         timed_request(e, doc[:48])
         timed_request(e, doc[:48] + q[1])
-        e.scheduler.clear_cache()
+        e._scheduler.clear_cache()
     raw: dict = {layout: {"cold": [], "cached": []} for layout in LAYOUTS}
 
     def each(kind: str, prompt: list[int], clear: bool, k: int) -> None:
         order = LAYOUTS if k % 2 == 0 else LAYOUTS[::-1]  # alternate who goes first
         for layout in order:
             if clear:
-                engines[layout].scheduler.clear_cache()
+                engines[layout]._scheduler.clear_cache()
             r = timed_request(engines[layout], prompt)
             r["chain_index"] = k
             raw[layout][kind].append(r)
@@ -96,7 +96,7 @@ def arm_ttft(p: dict) -> dict:
     each("cold", chain[n], True, n + 1)
     raw_chain = [len(c) for c in chain]
     return {"context": ctx, "chain_lengths": raw_chain, "raw": raw,
-            "kv_bytes": {k: e.kv.num_bytes for k, e in engines.items()}, "peak_rss_mib": peak_rss_mib()}
+            "kv_bytes": {k: e._kv.num_bytes for k, e in engines.items()}, "peak_rss_mib": peak_rss_mib()}
 
 
 def measure(run: Run) -> None:

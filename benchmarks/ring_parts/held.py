@@ -34,9 +34,9 @@ logging.getLogger("strata.ring").addHandler(_LINES)
 
 def _counters(engine) -> tuple[int, int, int, int]:
     """(bytes copied, pages copied, page reads, page hits) of the ring so far; zeros without one."""
-    if engine.ring is None:
+    if engine._ring is None:
         return 0, 0, 0, 0
-    c = engine.ring.counters
+    c = engine._ring.counters
     return c.bytes_copied, c.pages_streamed + c.pages_admitted, c.page_reads, c.page_hits
 
 
@@ -49,7 +49,7 @@ class HeldArm:
         self.pooled = config.kv_pool_tokens is not None
         self.cuda = any(d.startswith("cuda") for d in config.devices)  # time steps to completion
         vocab = e.model_config.vocab_size
-        synth = Synthetic(e.kv, seed=seed)  # same seed in every arm: every arm holds the same K/V
+        synth = Synthetic(e._kv, seed=seed)  # same seed in every arm: every arm holds the same K/V
         self.tokens: list[list[int]] = []
         for c in range(conversations):
             conv = e.restore(random_tokens(cells, seed * 1000 + c, vocab), [0], lane=None if self.pooled else 0)
@@ -67,7 +67,7 @@ class HeldArm:
         sizing = self.engine.config.ring_sizing
         self.state = {"conversation": conversation, "prompt": prompt, "out": [], "step_s": [], "log": [],
                       "expected_ring": sizing.ring_cells(len(prompt), new + 1) if sizing else None,
-                      "rid": self.engine.add_request(prompt, params), "at": None,
+                      "rid": self.engine.submit(prompt, params), "at": None,
                       "submitted": _counters(self.engine)}
 
     @property
@@ -101,8 +101,8 @@ class HeldArm:
         n = len(st["step_s"])
         b0, p0, r0, h0 = st["at"]
         b1, p1, r1, h1 = _counters(e)
-        lane = e.ring.lane_stats(0) if e.ring is not None else None
-        stats = e.ring.stats() if e.ring is not None else None
+        lane = e._ring.lane_stats(0) if e._ring is not None else None
+        stats = e._ring.stats() if e._ring is not None else None
         return {
             "conversation": st["conversation"], "context_cells": len(st["prompt"]), "decode_steps": n,
             "step_s": st["step_s"], "turn_step_s": st["turn_step_s"], "out": st["out"],

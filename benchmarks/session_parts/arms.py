@@ -37,7 +37,7 @@ class SessionArms:
         cfg = EngineConfig(max_context=max_context, batch=0, kv_chunk=chunk, threads=threads,
                            kv_pool_tokens=-(-max_context // chunk) * chunk, prefill_chunk=512)
         self.engine = Engine(cfg, progress=False)
-        self.synthetic = Synthetic(self.engine.kv, seed=7)
+        self.synthetic = Synthetic(self.engine._kv, seed=7)
         self.path = os.path.join(work_dir, "bench.strata")
         self.vocab = self.engine.model_config.vocab_size
 
@@ -48,10 +48,10 @@ class SessionArms:
             f.write("5")  # VmHWM := RSS now
         restored = e.restore_session(self.path)
         peak = _status("VmHWM")
-        conv = e.scheduler.cache.get(restored.conv_id)
+        conv = e._scheduler.cache.get(restored.conv_id)
         if not self.synthetic.check(conv.table, restored.num_cells):
             raise AssertionError("the restored K/V differs from the saved K/V")
-        e.scheduler.clear_cache()
+        e._scheduler.clear_cache()
         return {"s": restored.seconds, "bytes": restored.num_bytes, "peak_extra_bytes": peak - before}
 
     def round(self, num_cells: int, prefill: bool) -> dict:
@@ -62,7 +62,7 @@ class SessionArms:
         conv = e.restore(tokens, [0])
         self.synthetic.fill(conv.table, num_cells)
         saved = e.save_session(self.path, token_ids=tokens)
-        e.scheduler.clear_cache()
+        e._scheduler.clear_cache()
         out = {"save": {"s": saved.seconds, "bytes": saved.num_bytes}}
         drop_from_page_cache(self.path)
         out["restore_cold"] = self._restore()
@@ -70,8 +70,8 @@ class SessionArms:
         os.unlink(self.path)
         if prefill:
             t = time.perf_counter()
-            e.add_request(tokens, SamplingParams(temperature=0, max_tokens=1))
+            e.submit(tokens, SamplingParams(temperature=0, max_tokens=1))
             e.run_until_done()
             out["prefill"] = {"s": time.perf_counter() - t}
-            e.scheduler.clear_cache()
+            e._scheduler.clear_cache()
         return out

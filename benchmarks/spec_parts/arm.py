@@ -18,7 +18,7 @@ import time
 
 
 def _counters(engine) -> tuple[int, int, int]:
-    d = engine.scheduler.drafts
+    d = engine._scheduler.drafts
     if d is None:
         return 0, 0, 0
     return d.counters.num_steps, d.counters.num_drafted, d.counters.num_accepted
@@ -37,7 +37,7 @@ class SpecArm:
         from strata.sampling import SamplingParams
 
         for p in prompts:
-            self.engine.add_request(p, SamplingParams(temperature=0, max_tokens=1))
+            self.engine.submit(p, SamplingParams(temperature=0, max_tokens=1))
         steps = 0
         while self.engine.has_work:
             self.engine.step()
@@ -48,7 +48,7 @@ class SpecArm:
         from strata.sampling import SamplingParams
 
         params = SamplingParams(temperature=0, max_tokens=new)  # greedy: both arms emit the same text
-        rids = [self.engine.add_request(p, params) for p in prompts]
+        rids = [self.engine.submit(p, params) for p in prompts]
         self.state = {"rids": rids, "out": {r: [] for r in rids}, "done": set(), "decode_s": 0.0,
                       "decode_tokens": 0, "decode_steps": 0, "step_s": [], "timings": {}, "cached": {},
                       "at": _counters(self.engine), "t0": time.perf_counter()}

@@ -1,4 +1,4 @@
-"""DRAFT_COST (engine/spec/adaptive.py): the extra cost of one more verified row, in plain
+"""DRAFT_COST (drafting/adaptive.py): the extra cost of one more verified row, in plain
 decode steps, measured on the spec arm's own engine.
 
 One request per lane (its prompt prefilled beforehand, untimed) decodes greedily while the
@@ -20,8 +20,8 @@ import time
 
 
 def _fixed_planner(engine, max_k: int, seed: int):
-    from strata.engine.spec.adaptive import AdaptiveK
-    from strata.engine.spec.drafts import DraftPlanner, LaneSpec
+    from strata.drafting.adaptive import AdaptiveK
+    from strata.drafting.planner import LaneSpec, NgramPlanner
 
     vocab = engine.model_config.vocab_size
     rng = random.Random(seed)
@@ -36,14 +36,14 @@ def _fixed_planner(engine, max_k: int, seed: int):
         def propose(self, seq, k: int) -> list[int]:
             return [rng.randrange(vocab) for _ in range(k)]
 
-    class FixedPlanner(DraftPlanner):
+    class FixedPlanner(NgramPlanner):
         def state(self, seq):
             if seq.spec is None or not isinstance(seq.spec.k, FixedK):
                 seq.spec = LaneSpec(FixedK(self.max_k))
             return seq.spec
 
-    old = engine.scheduler.drafts
-    return FixedK, FixedPlanner(max_k, old.layout, old.max_context, RandomDrafter()), old
+    old = engine._scheduler.drafts
+    return FixedK, FixedPlanner(max_k, old.layout, old.max_context, old.max_step_rows, RandomDrafter()), old
 
 
 def measure(arm, prompts: list[list[int]], max_k: int, cycles: int, seed: int = 5) -> dict:
@@ -56,10 +56,10 @@ def measure(arm, prompts: list[list[int]], max_k: int, cycles: int, seed: int = 
     fixed_k, planner, old = _fixed_planner(engine, max_k, seed)
     ks = list(range(max_k + 1))
     steps: dict[int, list[float]] = {k: [] for k in ks}
-    engine.scheduler.drafts = planner
+    engine._scheduler.drafts = planner
     try:
         params = SamplingParams(temperature=0, max_tokens=cycles * len(ks) + 16, ignore_eos=True)  # aborted after
-        rids = [engine.add_request(p, params) for p in prompts]
+        rids = [engine.submit(p, params) for p in prompts]
         seen: set[str] = set()
         while len(seen) < len(rids):  # prefill, until every lane has its first token
             seen.update(o.request_id for o in engine.step() if o.new_token_ids)
@@ -75,9 +75,9 @@ def measure(arm, prompts: list[list[int]], max_k: int, cycles: int, seed: int = 
                 if drafted == k * len(rids) and sum(len(o.new_token_ids) for o in outs) == len(rids):
                     steps[k].append(dt)  # every lane verified k drafts and all were rejected
         for r in rids:
-            engine.abort(r)
+            engine.cancel(r)
     finally:
-        engine.scheduler.drafts = old
+        engine._scheduler.drafts = old
     med = {k: statistics.median(v) for k, v in steps.items() if v}
     ratio = {k: med[k] / med[0] for k in med}
     xs = [k for k in ratio if k > 0]

@@ -19,9 +19,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 EXCERPT_LINES = 50
 # (module, name renamed, new name): every name occurs in its excerpt (checked)
 RENAMES = [
-    ("strata/engine/spec/ngram.py", "tokens", "stream"),
-    ("strata/verify.py", "tokens", "kept"),
-    ("strata/engine/spec/adaptive.py", "alpha", "acceptance"),
+    ("strata/drafting/ngram.py", "tokens", "stream"),
+    ("strata/drafting/verify.py", "tokens", "kept"),
+    ("strata/drafting/adaptive.py", "alpha", "acceptance"),
     ("strata/stop_match.py", "stops", "stop_list"),
     ("strata/detok.py", "text", "decoded"),
     ("strata/engine/stats.py", "lane", "slot"),

@@ -10,8 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from strata.engine.engine import Engine
-from strata.engine.request import Timings
+from strata.engine.interface import Engine, Timings, collect
 from strata.sampling import SamplingParams
 
 
@@ -39,26 +38,11 @@ def stream_answer(
     should_stop: Callable[[], bool],
 ) -> AnswerStats:
     """Runs one request to its end (or until `should_stop()`), passing text as it comes."""
-    request_id = engine.add_request(list(prompt_ids), params)
-    text: list[str] = []
-    num_cached = num_output = 0
-    while True:
-        if should_stop():
-            engine.abort(request_id)
-            return AnswerStats(
-                "".join(text), len(prompt_ids), num_cached, num_output, "abort", False, None
-            )
-        for out in engine.step():
-            if out.request_id != request_id:
-                continue
-            if out.error is not None:
-                raise out.error
-            num_cached, num_output = out.num_cached_tokens, out.num_output_tokens
-            if out.new_text:
-                text.append(out.new_text)
-                on_text(out.new_text)
-            if out.finished:
-                return AnswerStats(
-                    "".join(text), out.num_prompt_tokens, out.num_cached_tokens,
-                    out.num_output_tokens, out.finish_reason or "stop", out.truncated, out.timings,
-                )
+    request_id = engine.submit(list(prompt_ids), params)
+    got = collect(engine.stream(request_id, stop=should_stop), on_text)
+    final = got.final
+    if final.finish_reason == "abort":  # stopped by the user: timings of an unfinished answer say little
+        return AnswerStats(got.text, len(prompt_ids), final.num_cached_tokens, final.num_output_tokens, "abort",
+                           False, None)
+    return AnswerStats(got.text, final.num_prompt_tokens, final.num_cached_tokens, final.num_output_tokens,
+                       final.finish_reason or "stop", final.truncated, final.timings)

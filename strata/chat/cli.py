@@ -30,7 +30,7 @@ def add_chat_parser(sub: argparse._SubParsersAction) -> None:
 def cmd_chat(args: argparse.Namespace) -> int:
     from strata.chat.history import ChatHistory
     from strata.chat.repl import ChatRepl
-    from strata.engine.engine import Engine
+    from strata.engine.interface import Engine
     from strata.sampling import SamplingParams
 
     try:

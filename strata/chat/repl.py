@@ -17,7 +17,7 @@ from strata.chat.answer import AnswerStats, stream_answer
 from strata.chat.commands import HELP, Command, CommandError, parse
 from strata.chat.history import ChatHistory, Turn
 from strata.chat.session import load_chat, save_chat
-from strata.engine.engine import Engine
+from strata.engine.interface import Engine
 from strata.errors import StrataError
 from strata.sampling import SamplingParams
 
@@ -216,8 +216,9 @@ class ChatRepl:
                 f"last answer: TTFT {lt.prompt_ms:.0f} ms, prefill {lt.prompt_per_second:.1f} "
                 f"tok/s, decode {lt.predicted_per_second:.1f} tok/s"
             )
-        p = self.engine.scheduler.stats()
-        held_mib = p.num_chunks_held * p.chunk_size * self.engine.kv.bytes_per_cell / MIB
+        snap = self.engine.snapshot()
+        p = snap.pool
+        held_mib = snap.kv_bytes_held / MIB
         self.say(
             f"KV pool: {p.num_chunks_held} of {p.num_chunks_total} chunks of {p.chunk_size} "
             f"cells held ({held_mib:.1f} MiB), {p.num_chunks_parked} of them by idle "

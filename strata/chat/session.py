@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from strata.chat.history import ChatHistory
-from strata.engine.engine import Engine
+from strata.engine.interface import Engine
 from strata.errors import SessionFileError
-from strata.kv.session import SessionReader
+from strata.cells.session import SessionReader
 
 CHAT_KEY = "chat"
 

@@ -59,7 +59,7 @@ def routing_fields(req: ForwardedRequest, info: ModelInfo, block: int, text: boo
         else:
             job = (chat_job(ChatCompletionRequest.model_validate(body), info) if req.path == "/v1/chat/completions"
                    else completion_job(CompletionRequest.model_validate(body), info))
-            ids, max_tokens = job.prompt_ids, job.params.max_tokens
+            ids, max_tokens = job.prompt.token_ids, job.params.max_tokens
     except Exception:  # noqa: BLE001 - the replica answers it with the proper error
         return
     req.prompt_ids = list(ids)

@@ -22,8 +22,7 @@ from strata.cluster.forward import ForwardedRequest, ResponseStart, run_asgi
 from strata.cluster.keys import KeyCache, matched_tokens
 from strata.cluster.scaling import OCCUPANCY
 from strata.config import EngineConfig
-from strata.engine.prefix_index import common_prefix_len
-from strata.errors import RequestError, StrataError
+from strata.errors import StrataError
 from strata.server.settings import ServerSettings
 
 log = logging.getLogger("strata.cluster")
@@ -52,7 +51,7 @@ class StrataReplica:
     async def __init__(self, config: EngineConfig, settings: ServerSettings, model_id: str, block: int):
         from ray import serve
 
-        from strata.engine.engine import Engine
+        from strata.engine.interface import Engine
         from strata.server.app import create_app
 
         context = serve.get_replica_context()
@@ -92,22 +91,10 @@ class StrataReplica:
 
     async def export(self, req: ExportRequest) -> Exported | None:
         """The longest idle prefix of `req.token_ids` this replica holds, as a session file."""
-        from strata.engine.session import save_session
-
         fd, path = tempfile.mkstemp(prefix="strata-migrate-", suffix=".session")
         os.close(fd)
-
-        def save(engine):
-            # The idle conversation sharing most with the prompt (a running one cannot be
-            # saved); at equal depth the engine's prefix lookup prefers it to running ones.
-            n = max((common_prefix_len(c.token_ids, req.token_ids) for c in engine.scheduler.cache
-                     if not c.is_active), default=0)
-            if n == 0:
-                raise RequestError("no idle conversation shares a prefix", code="session_not_found")
-            return save_session(engine, path, token_ids=req.token_ids[:n])
-
-        try:
-            saved = await self.state.loop.call(save)
+        try:  # the idle conversation sharing most with the prompt (a running one cannot be saved)
+            saved = await self.state.loop.call(lambda e: e.save_session(path, token_ids=req.token_ids, idle_only=True))
             with open(path, "rb") as f:
                 return Exported(f.read(), saved.num_cells)
         except StrataError as exc:  # busy (a request extends it), gone, or not ready
@@ -120,8 +107,6 @@ class StrataReplica:
         """Pulls the holder's prefix of the prompt unless this replica holds as much; returns
         the cells restored (0: the request prefills here what it must)."""
         from ray import serve
-
-        from strata.engine.session import restore_session
 
         if matched_tokens(req.prefix_keys, self.block, self._held) >= req.holder_tokens:
             return 0
@@ -138,7 +123,7 @@ class StrataReplica:
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(exported.data)
-            await self.state.loop.call(lambda e: restore_session(e, path))
+            await self.state.loop.call(lambda e: e.restore_session(path))
         except StrataError as exc:  # no room here either: the prompt is computed
             log.warning("replica %s: could not restore a migrated prefix (%s)", self.replica_id, exc)
             return 0
@@ -156,7 +141,7 @@ class StrataReplica:
         snap = loop.snapshot
         if loop.state != "ready" or snap is None:
             return {"replica": self.replica_id, "ready": False}
-        convs = await loop.call(lambda e: [(c.conv_id, list(c.token_ids)) for c in e.scheduler.cache])
+        convs = await loop.call(lambda e: e.held_conversations())
         self._held = self.keys.keys(convs)
         self._seq += 1
         chunk = snap.pool.chunk_size

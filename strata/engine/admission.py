@@ -16,13 +16,16 @@ Rules (DESIGN.md, "Behaviour users rely on"):
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING
 
-from strata.engine.cache import ConversationCache
 from strata.engine.conversation import Conversation, Lane
-from strata.kv.layout import KVLayout
 from strata.kv.table import chunks_for
+
+if TYPE_CHECKING:
+    from strata.engine.lanes import Lanes
 
 
 class Reuse(Enum):
@@ -55,16 +58,17 @@ class RestorePlan:
     lane: int | None  # None: parked without a lane (pooled only)
     victims: tuple[Conversation, ...]  # idle conversations evicted to make room
     displaced: Conversation | None  # the idle conversation in `lane` now
-    is_pooled: bool
+    holds_parked: bool  # the layout parks a displaced conversation (else it is evicted)
 
     @property
     def loses_conversations(self) -> bool:
-        """Taking the room evicts someone for good (a displaced one is parked when pooled)."""
-        return bool(self.victims) or (self.displaced is not None and not self.is_pooled)
+        """Taking the room evicts someone for good (a displaced one is parked where it can be)."""
+        return bool(self.victims) or (self.displaced is not None and not self.holds_parked)
 
 
-def pick_lane(lanes: list[Lane]) -> Lane | None:
+def pick_lane(lanes: Iterable[Lane]) -> Lane | None:
     """An empty lane (lowest index) first, else the idle lane used least recently."""
+    lanes = list(lanes)
     for lane in lanes:
         if lane.is_empty:
             return lane
@@ -72,10 +76,10 @@ def pick_lane(lanes: list[Lane]) -> Lane | None:
     return min(idle, key=lambda lane: lane.conv.last_used) if idle else None
 
 
-def choose_victims(
-    cache: ConversationCache, layout: KVLayout, num_chunks: int, protect: tuple[Conversation, ...] = ()
-) -> tuple[Conversation, ...] | None:
+def choose_victims(lanes: Lanes, num_chunks: int, protect: tuple[Conversation, ...] = ()
+                   ) -> tuple[Conversation, ...] | None:
     """The least recently used idle conversations that together free `num_chunks`, or None."""
+    cache, layout = lanes.cache, lanes.layout
     if num_chunks <= 0:
         return ()
     chosen: list[Conversation] = []
@@ -95,30 +99,28 @@ def choose_victims(
     return tuple(chosen)
 
 
-def plan_admission(
-    prompt_ids: list[int], lanes: list[Lane], cache: ConversationCache, layout: KVLayout
-) -> AdmissionPlan | NoRoom | None:
+def plan_admission(prompt_ids: list[int], lanes: Lanes) -> AdmissionPlan | NoRoom | None:
     """None when no lane is free (the request waits).
 
     The room asked for covers the prompt and the first token it will decode, so an
     admitted request is never ended by the pool before it has produced anything.
     """
     num_prompt = len(prompt_ids)
-    source, num_shared = cache.longest_prefix(prompt_ids)
+    source, num_shared = lanes.cache.longest_prefix(prompt_ids)
     num_shared = min(num_shared, num_prompt - 1)  # at least one token is fed to get logits
     if source is None or num_shared == 0:
-        return _plan(Reuse.NONE, None, 0, num_prompt, lanes, cache, layout)
+        return _plan(Reuse.NONE, None, 0, num_prompt, lanes)
     reuse = Reuse.EXTEND if not source.is_active and num_shared == source.num_cells else Reuse.FORK
-    plan = _plan(reuse, source, num_shared, num_prompt, lanes, cache, layout)
+    plan = _plan(reuse, source, num_shared, num_prompt, lanes)
     if not isinstance(plan, NoRoom) or source.is_active or reuse is Reuse.EXTEND:
         return plan  # (extending all of it, a fresh start would need just what it frees)
     # The idle conversation this request branches from holds the room itself: rather than
     # refuse every branch of it, it gives way: its tail first (a branch in place keeps the
     # shared prefix), then all of it (when keeping the prefix costs a copy of its last chunk).
-    in_place = _plan(Reuse.EXTEND, source, num_shared, num_prompt, lanes, cache, layout)
+    in_place = _plan(Reuse.EXTEND, source, num_shared, num_prompt, lanes)
     if not isinstance(in_place, NoRoom):
         return in_place
-    return _plan(Reuse.NONE, None, 0, num_prompt, lanes, cache, layout)  # a refusal: the whole pool is too small
+    return _plan(Reuse.NONE, None, 0, num_prompt, lanes)  # a refusal: the whole pool is too small
 
 
 def _plan(
@@ -126,18 +128,17 @@ def _plan(
     source: Conversation | None,
     num_shared: int,
     num_prompt: int,
-    lanes: list[Lane],
-    cache: ConversationCache,
-    layout: KVLayout,
+    lanes: Lanes,
 ) -> AdmissionPlan | NoRoom | None:
+    cache, layout = lanes.cache, lanes.layout
     if reuse is Reuse.EXTEND and source.lane is not None:
         lane = lanes[source.lane]
     else:
         lane = pick_lane(lanes)
         if lane is None:
             return None
-        if reuse is Reuse.FORK and lane.conv is source and not layout.is_pooled:
-            reuse = Reuse.EXTEND  # a reserved lane cannot fork into itself: branch in place
+        if reuse is Reuse.FORK and lane.conv is source and not layout.holds_parked:
+            reuse = Reuse.EXTEND  # a lane's reservation cannot fork into itself: branch in place
 
     held = need = freed = 0
     if reuse is Reuse.EXTEND:
@@ -152,7 +153,7 @@ def _plan(
     need += layout.num_chunks_to_grow_from(held, num_prompt + 1)
 
     protect = (source,) if source is not None else ()
-    victims = choose_victims(cache, layout, need - layout.pool.num_free - freed, protect)
+    victims = choose_victims(lanes, need - layout.pool.num_free - freed, protect)
     if victims is None:
         everyone = layout.num_freed_by_release(v.table for v in cache.idle_lru(exclude=protect))
         return NoRoom(need, layout.pool.num_free + freed + everyone)

@@ -6,32 +6,18 @@ prompt, not with how many conversations are held), and in which order idle
 conversations give way.
 
 Every change of a held conversation's tokens, activity or recency goes through here
-(`extend`, `cut`, `activate`, `deactivate`, `touch`), so the index never goes stale;
-`check` compares it with a scan of every conversation.
+(`append`, `cut`, `activate`, `deactivate`, `touch`), so the index never goes stale;
+`check` compares it with the conversations.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from strata.engine.conversation import Conversation
 from strata.engine.prefix_index import PrefixIndex, common_prefix_len
 
-__all__ = ["ConversationCache", "common_prefix_len", "scan_longest_prefix"]
-
-
-def scan_longest_prefix(convs: Iterable[Conversation], token_ids: list[int]) -> tuple[Conversation | None, int]:
-    """The brute-force answer to `longest_prefix` (every conversation, token by token): the
-    reference the index is checked against, and the algorithm it replaced."""
-    best, best_len = None, 0
-    for conv in convs:
-        n = common_prefix_len(conv.token_ids, token_ids)
-        if n == 0:
-            continue
-        key = (n, not conv.is_active, conv.last_used)
-        if best is None or key > (best_len, not best.is_active, best.last_used):
-            best, best_len = conv, n
-    return best, best_len
+__all__ = ["ConversationCache", "common_prefix_len"]
 
 
 class ConversationCache:
@@ -85,9 +71,11 @@ class ConversationCache:
         del self._active[conv.conv_id]
         self.touch(conv)
 
-    def extend(self, conv: Conversation, token_ids: Iterable[int]) -> None:
-        """`conv` holds the K/V of `token_ids` after its own now."""
+    def append(self, conv: Conversation, token_ids: Sequence[int]) -> None:
+        """`conv` holds the K/V of `token_ids` after its own now: its tokens and its table's cells
+        grow together (`len(token_ids) == num_cells` stays true)."""
         conv.token_ids.extend(token_ids)
+        conv.table.append_cells(len(token_ids))
         self._index.grew(conv)
 
     def cut(self, conv: Conversation, num_cells: int) -> None:
@@ -113,14 +101,7 @@ class ConversationCache:
         return sorted(idle, key=lambda c: c.last_used)
 
     def check(self) -> None:
-        """The index agrees with the conversations, and with a scan for prompts built from them."""
+        """The index agrees with the conversations (tests also compare its answers with a
+        brute-force scan: tests/checks.py)."""
         assert self._active == {c.conv_id: c for c in self if c.is_active}, "the active set is stale"
         self._index.check(self)
-        probes = []
-        for conv in self:
-            t = conv.token_ids
-            probes += [t, t + [-1], t[: len(t) // 2], t[:-1]]
-        for p in probes:
-            best, n = self.longest_prefix(p)
-            ref, ref_n = scan_longest_prefix(self, p)
-            assert (best, n) == (ref, ref_n), (p, best and best.conv_id, n, ref and ref.conv_id, ref_n)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from strata.kv.table import ChunkTable
 
 if TYPE_CHECKING:
-    from strata.engine.spec.drafts import LaneSpec
+    from strata.drafting.planner import LaneSpec
 
 
 @dataclass(eq=False)

@@ -13,19 +13,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from strata.engine.cache import ConversationCache
 from strata.engine.conversation import Sequence
+from strata.engine.lanes import Lanes
 from strata.kv import table as tbl
-from strata.kv.layout import KVLayout
 from strata.step import LaneWork
 
 
-def adopt_identical_chunks(
-    seqs: Mapping[str, Sequence], work: Iterable[LaneWork], cache: ConversationCache, layout: KVLayout
-) -> int:
+def adopt_identical_chunks(seqs: Mapping[str, Sequence], work: Iterable[LaneWork], lanes: Lanes) -> int:
     """After `commit_work`: each chunk the step completed gives way to an identical held one.
     Returns how many chunks were adopted (and freed)."""
-    if not layout.is_pooled:
+    cache, layout = lanes.cache, lanes.layout
+    if not layout.shares_chunks:
         return 0
     pool, c = layout.pool, layout.chunk_size
     num_adopted = 0

@@ -1,60 +1,49 @@
-"""The engine: loads a model, owns lanes, the KV layout, the scheduler and the runner.
+"""The engine: the one interface every front end uses (HTTP, CLI, chat, Python API, cluster).
 
-`add_request` validates at the edge; `step` runs one scheduled batch and returns what
-happened to each request. The server drives `step` from its own thread; the offline
-API drives it until every request is done.
+- requests: `submit`, `stream` (one request's outputs, stepping the engine), `cancel`;
+- steps: `step` (plan, execute, commit; the server's engine thread drives it), with
+  `last_admissions` telling which requests the step admitted;
+- views: `info` (fixed once loaded), `snapshot()` (pool, lanes, counters) and `picture()`
+  (the Monitor's view of every chunk), `held_conversations()`;
+- lanes and session files: `move`, `park`, `restore`, `erase_lane`, `save_session`,
+  `restore_session`.
+
+Its parts (scheduler, layout, K/V storage, ring, runner, model) are private: nothing
+outside `engine/` reaches them (tests/unit/test_seams.py checks it). Not thread-safe: one
+thread calls it.
 """
 
 from __future__ import annotations
 
 import itertools
-import logging
 import math
 import statistics
 import time
-from collections import deque
-from collections.abc import Sequence
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
-from strata.config import EngineConfig, check_pool_covers_context
+from strata.config import EngineConfig
 from strata.detok import IncrementalDetokenizer
-from strata.engine.memory import MemoryPlan, check_memory
+from strata.engine.build import build_parts
+from strata.engine.conversation import Conversation
+from strata.engine.info import EngineInfo
+from strata.engine.picture import PoolPicture, take_picture
+from strata.engine.prompt import Prompt, check_prompt
 from strata.engine.request import RequestOutput, RequestState
-from strata.engine.scheduler import Scheduler
-from strata.engine.session import SessionRestored, SessionSaved, restore_session, save_session
+from strata.engine.session import SessionFiles, SessionRestored, SessionSaved
+from strata.engine.snapshot import EngineSnapshot, take_snapshot
 from strata.errors import ContextLengthExceeded, PoolFullError, RequestError, StepFailed, new_error_id
-from strata.kv.layout import KVLayout, PooledLayout
-from strata.kv.reserve import ReservedLayout
-from strata.kv.ring import KVRing
-from strata.kv.ring_rule import round_up
-from strata.kv.storage import KVStorage, kv_bytes_per_cell
 from strata.kv.table import chunks_for
 from strata.loader import ModelSource
-from strata.loader.build import TORCH_DTYPES
-from strata.loader.model_load import ModelLoad
-from strata.models.config import ModelConfig
-from strata.runner.drafter import check_draft_vocab, load_drafter
-from strata.runner.runner import ModelRunner
 from strata.sampler import make_generator
 from strata.sampling import SamplingParams
-from strata.step import StepOutput, StepPlan
+from strata.step import Admission, StepOutput, StepPlan
+
+import logging
 
 log = logging.getLogger("strata")
-
-
-def num_weight_params(cfg: ModelConfig) -> int:
-    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    per_layer = cfg.hidden_size * (q + 2 * kv) + q * cfg.hidden_size + 3 * cfg.hidden_size * cfg.intermediate_size
-    embed = cfg.vocab_size * cfg.hidden_size
-    return embed * (1 if cfg.tie_embeddings else 2) + cfg.num_layers * per_layer
-
-
-def make_layout(config: EngineConfig, max_context: int) -> KVLayout:
-    if config.kv_pool_tokens is not None:
-        check_pool_covers_context(config.kv_pool_tokens, max_context, config.kv_chunk)
-        return PooledLayout(config.kv_pool_tokens // config.kv_chunk, config.kv_chunk)
-    return ReservedLayout(config.num_lanes, max_context, config.kv_chunk)
 
 
 class Engine:
@@ -62,115 +51,101 @@ class Engine:
         self.config = config
         if config.threads is not None:
             torch.set_num_threads(config.threads)
-        load = ModelLoad(config.model, config.dtype, config.weights, config.devices, source)
-        self.model_config = cfg = load.config
-        self.tokenizer = load.tokenizer
-        self.fingerprint = load.fingerprint
-        self.loaded_from_cache = load.from_cache  # the prepared-model cache had this build
-        self.max_context = config.max_context or cfg.max_position
-        if self.max_context > cfg.max_position:
-            log.warning(
-                "--max-context %d is beyond the model's trained length %d: quality may drop",
-                self.max_context, cfg.max_position,
-            )
-        self.layout = make_layout(config, self.max_context)
-        pool = self.layout.pool
-        kv_bytes = pool.num_cells_total * kv_bytes_per_cell(config.kv_dtype, cfg.num_layers, cfg.num_kv_heads,
-                                                            cfg.head_dim)
-        if config.kv_resident is not None and all(d == "cpu" for d in config.devices):  # the arena is host memory too
-            per_cell = kv_bytes_per_cell(config.kv_dtype, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
-            kv_bytes += round_up(config.ring_budget, config.page) * per_cell
-        weight_elem = torch.empty(0, dtype=TORCH_DTYPES[config.dtype]).element_size()
-        weight_bytes = num_weight_params(cfg) * weight_elem
-        draft_load = None
-        if config.spec == "draft":  # its weights, and its K/V in every chunk of the pool
-            draft_load = ModelLoad(config.draft_model, config.dtype, config.weights, config.devices)
-            check_draft_vocab(draft_load, config.draft_model, cfg.vocab_size)  # before anything is allocated
-            d = draft_load.config
-            weight_bytes += num_weight_params(d) * weight_elem
-            kv_bytes += pool.num_cells_total * kv_bytes_per_cell(config.kv_dtype, d.num_layers, d.num_kv_heads,
-                                                                 d.head_dim)
-        check_memory(MemoryPlan(weight_bytes, kv_bytes), config.memory_guard_mib, config.is_pooled)
-        self.model = load.build(self.max_context, progress)
-        self.ring: KVRing | None = None
-        if config.kv_resident is None:
-            self.kv = KVStorage(pool.num_total, pool.chunk_size, cfg.num_kv_heads, cfg.head_dim, config.kv_dtype,
-                                self.model.layer_devices)
-        else:  # the pool in host memory, a ring of pages on each layer's device in front of it
-            accelerated = any(d.type != "cpu" for d in self.model.layer_devices)
-            self.kv = KVStorage(pool.num_total, pool.chunk_size, cfg.num_kv_heads, cfg.head_dim, config.kv_dtype,
-                                [torch.device("cpu")] * cfg.num_layers, pin_memory=accelerated)
-            self.ring = KVRing(self.kv, config.ring_sizing, config.kv_evict, config.ring_budget,
-                               self.model.layer_devices)
-        drafter = None
-        if draft_load is not None:
-            drafter = load_drafter(draft_load, config.kv_dtype, pool, self.max_context, progress)
-        self.runner = ModelRunner(self.model, self.kv, self.ring, drafter)
-        self.scheduler = Scheduler(self.layout, config.num_lanes, self.max_context, config.prefill_chunk,
-                                   config.prefill_alone, spec_k=config.spec_k if config.spec != "off" else 0,
-                                   spec_by_model=config.spec == "draft")
-        if self.scheduler.drafts is not None and self.model.quant_max_rows is not None:
-            self.scheduler.drafts.max_step_rows = self.model.quant_max_rows
-        self.stop_token_ids = frozenset(cfg.eos_token_ids) | frozenset(self.tokenizer.eos_token_ids)
-        self.requests: dict[str, RequestState] = {}
+        parts = build_parts(config, source, progress)
+        self._scheduler = parts.scheduler
+        self._layout = parts.layout
+        self._kv = parts.kv
+        self._ring = parts.ring
+        self._model = parts.model
+        self._runner = parts.runner
+        cfg = self.model_config = parts.model_config
+        self.tokenizer = parts.tokenizer
+        self.max_context = parts.max_context
+        self.info = EngineInfo(parts.tokenizer, cfg.name, parts.max_context, cfg.vocab_size, parts.fingerprint,
+                               config.num_lanes, parts.layout.chunk_size, parts.kv.bytes_per_cell,
+                               parts.layout.name, parts.loaded_from_cache)
+        self._sessions = SessionFiles(parts.scheduler, parts.kv, parts.fingerprint, cfg.vocab_size, self.retry_after)
+        self._stop_token_ids = frozenset(cfg.eos_token_ids) | frozenset(self.tokenizer.eos_token_ids)
+        self._requests: dict[str, RequestState] = {}
+        self._undelivered: defaultdict[str, deque[RequestOutput]] = defaultdict(deque)  # for `stream`
         self._ids = itertools.count()
         self._step_seconds: deque[float] = deque(maxlen=32)
+        self.last_admissions: tuple[Admission, ...] = ()  # the requests the last step admitted
 
     # ---- requests ---------------------------------------------------------------------
-    def add_request(
-        self, prompt: str | Sequence[int], params: SamplingParams, request_id: str | None = None
-    ) -> str:
-        """Queue a request; raises RequestError (empty, or longer than --max-context)."""
-        prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        if not prompt_ids:
-            raise RequestError("the prompt is empty", param="prompt")
-        if len(prompt_ids) >= self.max_context:
-            raise ContextLengthExceeded(len(prompt_ids), self.max_context)
-        vocab = self.model_config.vocab_size
-        if any(not (0 <= t < vocab) for t in prompt_ids):
-            raise RequestError(f"prompt token ids must be in [0, {vocab})", param="prompt")
+    def submit(self, prompt: str | Sequence[int] | Prompt, params: SamplingParams, request_id: str | None = None,
+               arrival: float | None = None) -> str:
+        """Queue a request; raises RequestError (a prompt `check_prompt` refuses, an id in use).
+        A `Prompt` was checked where it entered. `arrival`: when it arrived (time.perf_counter)."""
+        if not isinstance(prompt, Prompt):
+            ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
+            prompt = check_prompt(ids, self.max_context, self.model_config.vocab_size)
+        prompt_ids = list(prompt.token_ids)
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
-        if request_id in self.requests:
+        if request_id in self._requests:
             raise RequestError(f"request id {request_id!r} is already in use")
-        device = self.model.layer_devices[-1]
-        stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.stop_token_ids)
-        self.requests[request_id] = RequestState(
-            request_id,
-            prompt_ids,
-            params,
-            make_generator(params.seed, device),
-            IncrementalDetokenizer(self.tokenizer, params.stop),
-            stop_ids,
+        stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self._stop_token_ids)
+        self._requests[request_id] = RequestState(
+            request_id, prompt_ids, params, make_generator(params.seed, self._model.layer_devices[-1]),
+            IncrementalDetokenizer(self.tokenizer, params.stop, context=prompt_ids), stop_ids,
+            arrival=time.perf_counter() if arrival is None else arrival,
+            drafting=self._scheduler.drafts is not None,
         )
-        if self.scheduler.drafts is not None:
-            self.requests[request_id].num_drafted = 0
-        self.scheduler.add(request_id, prompt_ids, params.max_tokens)
+        self._scheduler.add(request_id, prompt_ids, params.max_tokens)
         return request_id
 
-    def abort(self, request_id: str) -> RequestOutput | None:
-        """Cancel a request; its chunks go back to the pool."""
-        state = self.requests.pop(request_id, None)
+    def cancel(self, request_id: str) -> RequestOutput | None:
+        """End a request (waiting or running); its chunks go back to the pool. None: not open."""
+        self._undelivered.pop(request_id, None)
+        state = self._requests.pop(request_id, None)
         if state is None:
             return None
-        self.scheduler.abort(request_id)
+        self._scheduler.abort(request_id)
         return state.end("abort")
+
+    def stream(self, request_id: str, stop: Callable[[], bool] | None = None) -> Iterator[RequestOutput]:
+        """The outputs of one request until its final one, stepping the engine as needed (other
+        requests' outputs wait for their own streams). `stop`, polled between steps: when it
+        says so, the request is cancelled and its final (abort) output ends the stream."""
+        while True:
+            pending = self._undelivered.get(request_id)
+            while pending:
+                out = pending.popleft()
+                yield out
+                if out.finished:
+                    self._undelivered.pop(request_id, None)
+                    return
+            if stop is not None and stop():
+                out = self.cancel(request_id)
+                if out is not None:
+                    yield out
+                return
+            if request_id not in self._requests:
+                raise RequestError(f"no open request {request_id!r}")
+            for out in self.step():
+                self._undelivered[out.request_id].append(out)
 
     @property
     def has_work(self) -> bool:
-        return self.scheduler.has_work
+        return self._scheduler.has_work
+
+    def open_requests(self) -> list[str]:
+        """Every request submitted and not yet ended."""
+        return list(self._requests)
 
     # ---- one step -----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Plan, execute, commit. A failure in execute ends the step's requests only."""
         t0 = time.perf_counter()
-        plan = self.scheduler.schedule()
+        plan = self._scheduler.schedule()
+        self.last_admissions = plan.admitted
         outputs = self._settle_admissions(plan)
         if plan.is_empty:
             return outputs
-        params = {w.request_id: self.requests[w.request_id].params for w in plan.work}
-        generators = {w.request_id: self.requests[w.request_id].generator for w in plan.work}
+        params = {w.request_id: self._requests[w.request_id].params for w in plan.work}
+        generators = {w.request_id: self._requests[w.request_id].generator for w in plan.work}
         try:
-            result = self.runner.execute(plan, params, generators)
+            result = self._runner.execute(plan, params, generators)
         except Exception:  # noqa: BLE001 - any fault in the forward or the copies
             return outputs + self._fail_step(plan)
         outputs += self._commit(plan, result)
@@ -178,21 +153,27 @@ class Engine:
             self._step_seconds.append(time.perf_counter() - t0)
         return outputs
 
+    def run_until_done(self) -> list[RequestOutput]:
+        outputs = []
+        while self.has_work:
+            outputs.extend(self.step())
+        return outputs
+
     def _commit(self, plan: StepPlan, result: StepOutput) -> list[RequestOutput]:
-        can_continue = self.scheduler.commit(plan, result)
+        can_continue = self._scheduler.commit(plan, result)
         for d in result.drafts:
-            state = self.requests[d.request_id]
+            state = self._requests[d.request_id]
             state.num_drafted += d.num_drafted
             state.num_accepted += d.num_accepted
         outputs = []
         for s in result.sampled:  # a lane that verified drafts: its kept drafts, then one more token
-            state = self.requests.get(s.request_id)
+            state = self._requests.get(s.request_id)
             if state is None:  # it finished at an earlier token of this step
                 continue
             out = state.on_token(s.token_id, s.logprobs, can_continue[s.request_id])
             if out.finished:
-                self.scheduler.finish(s.request_id)
-                del self.requests[s.request_id]
+                self._scheduler.finish(s.request_id)
+                del self._requests[s.request_id]
             outputs.append(out)
         return outputs
 
@@ -202,22 +183,22 @@ class Engine:
         log.exception("step failed (%s): ending requests %s", error_id, ", ".join(plan.request_ids))
         error = StepFailed(error_id)
         return [
-            self.requests.pop(request_id).end("error", error=error)
-            for request_id in self.scheduler.fail(plan)
+            self._requests.pop(request_id).end("error", error=error)
+            for request_id in self._scheduler.fail(plan)
         ]
 
     def _settle_admissions(self, plan: StepPlan) -> list[RequestOutput]:
         now = time.perf_counter()
         outputs = []
         for a in plan.admitted:
-            state = self.requests[a.request_id]
+            state = self._requests[a.request_id]
             state.admitted, state.num_cached = now, a.num_cached
         for r in plan.refused:
-            state = self.requests.pop(r.request_id)
+            state = self._requests.pop(r.request_id)
             err = PoolFullError(r.num_chunks_needed, r.num_chunks_free, self.retry_after())
             outputs.append(state.end("error", error=err))
         for request_id in plan.truncated:
-            outputs.append(self.requests.pop(request_id).end("length", truncated=True))
+            outputs.append(self._requests.pop(request_id).end("length", truncated=True))
         return outputs
 
     def retry_after(self) -> int:
@@ -225,71 +206,59 @@ class Engine:
         step = statistics.median(self._step_seconds) if self._step_seconds else 0.05
         left = [
             (s.params.max_tokens or self.max_context) - len(s.output_ids)
-            for s in self.requests.values()
+            for s in self._requests.values()
             if s.admitted is not None
         ]
         return max(1, min(60, math.ceil(step * min(left, default=1))))
 
+    # ---- views --------------------------------------------------------------------------
+    def snapshot(self) -> EngineSnapshot:
+        return take_snapshot(self._scheduler, self._ring, self.retry_after(), self._kv.bytes_per_cell)
+
+    def picture(self, step: int) -> PoolPicture:
+        """The Monitor's picture of every chunk, lane and parked conversation (`step`: its number)."""
+        return take_picture(self._scheduler, self.max_context, step)
+
+    def held_conversations(self) -> list[tuple[int, list[int]]]:
+        """(conversation id, a copy of its tokens) for every conversation held: running, idle or parked."""
+        return [(c.conv_id, list(c.token_ids)) for c in self._scheduler.cache]
+
     # ---- conversations between lanes -----------------------------------------------------
     def move(self, src_lane: int, dst_lane: int) -> int:
         """Move an idle conversation between lanes; returns the K/V bytes copied (0 when pooled)."""
-        return self.runner.copy_cells(self.scheduler.move(src_lane, dst_lane))
-
-    def restore(self, token_ids: Sequence[int], checkpoints: Sequence[int] = (), lane: int | None = None):
-        """Hold a conversation of `token_ids` whose K/V the caller writes into its table next.
-
-        Session files and synthetic long contexts (benchmarks) come in this way. Raises
-        PoolFullError when the pool cannot hold it even after idle conversations gave way.
-        """
-        if not 0 < len(token_ids) <= self.max_context:
-            raise ContextLengthExceeded(len(token_ids), self.max_context)
-        conv = self.scheduler.restore(list(token_ids), list(checkpoints), lane)
-        if conv is None:
-            pool = self.layout.pool
-            raise PoolFullError(chunks_for(len(token_ids), pool.chunk_size), pool.num_free, self.retry_after())
-        return conv
+        return self._runner.copy_cells(self._scheduler.move(src_lane, dst_lane))
 
     def park(self, lane: int) -> None:
         """Take a lane's idle conversation out of the lane, keeping its K/V in the pool."""
-        self.scheduler.park(lane)
+        self._scheduler.park(lane)
 
-    # ---- offline helpers ----------------------------------------------------------------
-    def run_until_done(self) -> list[RequestOutput]:
-        outputs = []
-        while self.has_work:
-            outputs.extend(self.step())
-        return outputs
+    def restore(self, token_ids: Sequence[int], checkpoints: Sequence[int] = (), lane: int | None = None
+                ) -> Conversation:
+        """Hold a conversation of `token_ids` whose K/V the caller writes into its table next.
 
-    @torch.inference_mode()
-    def prompt_logits(self, prompt_ids: Sequence[int]) -> torch.Tensor:
-        """Float32 logits [tokens, vocab] for every prompt position (tests use it).
-
-        Runs on an idle engine; clears the conversation cache first so nothing is reused,
-        and frees its own K/V at the end.
+        Synthetic long contexts (benchmarks) come in this way. Raises PoolFullError when the
+        pool cannot hold it even after idle conversations gave way.
         """
-        assert not self.scheduler.seqs, "prompt_logits runs on an idle engine"
-        self.scheduler.clear_cache()
-        request_id = f"logits-{next(self._ids)}"
-        if len(prompt_ids) >= self.max_context:
-            raise ContextLengthExceeded(len(prompt_ids), self.max_context)
-        self.scheduler.add(request_id, list(prompt_ids))
-        rows = []
-        while self.scheduler.seqs.get(request_id) is None or self.scheduler.seqs[request_id].is_prefilling:
-            plan = self.scheduler.schedule()
-            if plan.refused:
-                raise PoolFullError(plan.refused[0].num_chunks_needed, plan.refused[0].num_chunks_free, 1)
-            self.runner.copy_cells(plan.copies)
-            rows.append(self.runner.logits_for(plan.work))
-            self.scheduler.commit(plan, StepOutput())
-        self.scheduler.abort(request_id)
-        return torch.cat(rows)
+        if not 0 < len(token_ids) <= self.max_context:
+            raise ContextLengthExceeded(len(token_ids), self.max_context)
+        conv = self._scheduler.restore(list(token_ids), list(checkpoints), lane)
+        if conv is None:
+            pool = self._layout.pool
+            raise PoolFullError(chunks_for(len(token_ids), pool.chunk_size), pool.num_free, self.retry_after())
+        return conv
 
     # ---- session files ------------------------------------------------------------------
     def save_session(self, path: str, lane: int | None = None, token_ids: Sequence[int] | None = None,
-                     metadata: dict | None = None) -> SessionSaved:
-        """Writes an idle conversation, with JSON `metadata`, to a session file (engine/session.py)."""
-        return save_session(self, path, lane, None if token_ids is None else list(token_ids), metadata)
+                     metadata: dict | None = None, idle_only: bool = False) -> SessionSaved:
+        """Writes an idle conversation, with JSON `metadata`, to a session file: lane `lane`'s, the
+        one holding the longest prefix of `token_ids`, or (`idle_only`) the idle one sharing most
+        with them (engine/session.py)."""
+        return self._sessions.save(path, lane, None if token_ids is None else list(token_ids), metadata, idle_only)
 
     def restore_session(self, path: str, lane: int | None = None) -> SessionRestored:
         """Holds a session file's conversation again, idle; all or nothing (engine/session.py)."""
-        return restore_session(self, path, lane)
+        return self._sessions.restore(path, lane)
+
+    def erase_lane(self, lane: int) -> int:
+        """Drops lane `lane`'s idle conversation; returns the cells it held."""
+        return self._sessions.erase(lane)

@@ -1,8 +1,8 @@
 """The scheduler's invariants, checked by tests after every step (and by `Scheduler.check`).
 
 - the pool's free list and refcounts agree (a scan, not arithmetic on its counters);
-- the cache's prefix index holds every conversation's current tokens, and answers as a
-  brute-force scan does;
+- the cache's prefix index holds every conversation's current tokens (tests also compare its
+  answers with a brute-force scan: tests/checks.py);
 - every held conversation has exactly one cell per listed token, within its table;
 - lanes and conversations point at each other consistently; a busy lane's sequence
   extends the lane's conversation;
@@ -12,21 +12,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
-from strata.engine.cache import ConversationCache
-from strata.engine.conversation import Lane
 from strata.engine.conversation import Sequence as Seq
-from strata.kv.layout import KVLayout
+from strata.engine.lanes import Lanes
 from strata.kv.table import is_writable
 
 
-def check_invariants(
-    layout: KVLayout, lanes: Sequence[Lane], cache: ConversationCache, seqs: Mapping[str, Seq]
-) -> None:
+def check_invariants(lanes: Lanes, seqs: Mapping[str, Seq]) -> None:
+    layout, cache = lanes.layout, lanes.cache
     pool = layout.pool
     pool.check()
-    cache.check()  # the prefix index agrees with a scan of every conversation
+    cache.check()  # the prefix index agrees with the conversations
     refs: dict[int, int] = {}
     for conv in cache:
         assert len(conv.token_ids) == conv.num_cells, (conv.conv_id, len(conv.token_ids), conv.num_cells)
@@ -42,7 +39,7 @@ def check_invariants(
             assert lane.seq.conv is lane.conv and lane.conv.is_active
     for seq in seqs.values():
         assert lanes[seq.lane].seq is seq
-    if layout.is_pooled:
+    if layout.shares_chunks:
         for i in range(pool.num_total):
             n = refs.get(i, 0)
             assert n == pool.refcount(i), f"chunk {i}: {n} tables, refcount {pool.refcount(i)}"

@@ -62,6 +62,9 @@ class RequestOutput:
     num_cached_tokens: int = 0
     num_output_tokens: int = 0
     timings: Timings | None = None
+    # With a new token: seconds since the request's previous token, or since its arrival for
+    # its first (time to first token); None without one
+    latency_s: float | None = None
 
 
 @dataclass(eq=False)
@@ -75,17 +78,21 @@ class RequestState:
     arrival: float = field(default_factory=time.perf_counter)
     admitted: float | None = None
     first_token: float | None = None
+    last_token: float | None = None
     num_cached: int = 0
     output_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
-    num_drafted: int | None = None  # with --spec: drafts proposed (None: drafting is off)
+    drafting: bool = False  # --spec: the engine drafts (timings then count drafts)
+    num_drafted: int = 0  # drafts proposed for the request
     num_accepted: int = 0
 
     def on_token(self, token_id: int, logprobs: TokenLogprobs | None, can_continue: bool) -> RequestOutput:
         """Adds a sampled token; decides whether the request is finished."""
         now = time.perf_counter()
+        latency = now - (self.last_token if self.last_token is not None else self.arrival)
         if self.first_token is None:
             self.first_token = now
+        self.last_token = now
         self.output_ids.append(token_id)
         text = ""
         if token_id in self.stop_token_ids:
@@ -111,6 +118,7 @@ class RequestState:
             stop_string=self.detok.stop_string,
             **self.counts(),
             timings=self.timings() if self.finish_reason is not None else None,
+            latency_s=latency,
         )
 
     def end(self, reason: str, truncated: bool = False, error: StrataError | None = None) -> RequestOutput:
@@ -146,6 +154,6 @@ class RequestState:
             prompt_ms=(first - admitted) * 1e3,
             predicted_n=len(self.output_ids),
             predicted_ms=(now - first) * 1e3,
-            draft_n=self.num_drafted,
-            draft_n_accepted=None if self.num_drafted is None else self.num_accepted,
+            draft_n=self.num_drafted if self.drafting else None,
+            draft_n_accepted=self.num_accepted if self.drafting else None,
         )

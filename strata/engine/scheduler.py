@@ -23,15 +23,14 @@ from strata.engine.admission import (
     NoRoom,
     Reuse,
     choose_victims,
-    pick_lane,
     plan_admission,
 )
+from strata.drafting.planner import DraftPlanner
 from strata.engine.cache import ConversationCache
-from strata.engine.conversation import Conversation, Lane, Sequence
+from strata.engine.conversation import Conversation, Sequence
 from strata.engine.dedup import adopt_identical_chunks
 from strata.engine.invariants import check_invariants
-from strata.engine.restore import Restores
-from strata.engine.spec.drafts import DraftPlanner
+from strata.engine.lanes import Lanes
 from strata.engine.stats import PoolCounters, PoolStats, pool_stats
 from strata.engine.work import build_work, commit_work
 from strata.kv.layout import KVLayout
@@ -39,18 +38,19 @@ from strata.kv.table import CellCopy
 from strata.step import Admission, Refusal, StepOutput, StepPlan
 
 
-class Scheduler(Restores):
+class Scheduler:
+    """`drafts`: the draft planner when the engine drafts (`--spec`), planned after admissions."""
+
     def __init__(self, layout: KVLayout, num_lanes: int, max_context: int, prefill_chunk: int,
-                 prefill_alone: int | None = None, spec_k: int = 0, spec_by_model: bool = False):
+                 prefill_alone: int | None = None, drafts: DraftPlanner | None = None):
         self.layout = layout
-        self.lanes = [Lane(i) for i in range(num_lanes)]
         self.cache = ConversationCache()
+        self.counters = PoolCounters()
+        self.lanes = Lanes(num_lanes, layout, self.cache, self.counters, max_context)
         self.max_context = max_context
         self.prefill_chunk = prefill_chunk
         self.prefill_alone = prefill_alone
-        self.counters = PoolCounters()
-        # --spec ngram: decoding lanes propose up to spec_k drafts a step (engine/spec/)
-        self.drafts = DraftPlanner(spec_k, layout, max_context, by_model=spec_by_model) if spec_k else None
+        self.drafts = drafts
         self.waiting: deque[tuple[str, list[int], int]] = deque()  # (request id, prompt, target cells)
         self.seqs: dict[str, Sequence] = {}
         self._num_admitted = 0
@@ -66,8 +66,8 @@ class Scheduler(Restores):
         """The runner executed `plan`: its cells are written and `output` sampled. Returns,
         per sampled request, whether its token can be fed (False: the context is full)."""
         outcomes = {o.request_id: o for o in output.drafts}
-        commit_work(self.seqs, plan.work, self.cache, outcomes, self.layout)
-        self.counters.num_chunks_adopted += adopt_identical_chunks(self.seqs, plan.work, self.cache, self.layout)
+        commit_work(self.seqs, plan.work, self.lanes, outcomes)
+        self.counters.num_chunks_adopted += adopt_identical_chunks(self.seqs, plan.work, self.lanes)
         if self.drafts is not None:
             self.drafts.record(self.seqs, output.drafts, plan.work)
         can_continue = {}
@@ -98,7 +98,7 @@ class Scheduler(Restores):
             if request_id in copied:
                 del self.seqs[request_id]
                 self.lanes[seq.lane].seq = None
-                self._drop(seq.conv)
+                self.lanes.drop(seq.conv)
             else:
                 self.abort(request_id)
             ended.append(request_id)
@@ -135,7 +135,7 @@ class Scheduler(Restores):
             self.cache.cut(conv, seq.num_cached)
             self.cache.deactivate(conv)
         else:
-            self._drop(conv)
+            self.lanes.drop(conv)
         return True
 
     # ---- one step -------------------------------------------------------------------
@@ -148,7 +148,7 @@ class Scheduler(Restores):
         truncated = self._grow_decoding()
         while self.waiting:
             request_id, prompt_ids, target_cells = self.waiting[0]
-            plan = plan_admission(prompt_ids, self.lanes, self.cache, self.layout)
+            plan = plan_admission(prompt_ids, self.lanes)
             if plan is None:
                 break  # every lane is busy: wait
             self.waiting.popleft()
@@ -161,22 +161,22 @@ class Scheduler(Restores):
             admitted.append(Admission(request_id, plan.lane, plan.num_cached, bool(admission_copies)))
         if self.drafts is not None:  # optional work: after admissions, from free chunks only
             self.drafts.plan(self.seqs.values())
-        work = build_work(self.seqs.values(), self.prefill_chunk, self.prefill_alone)
+        work = build_work(self.seqs.values(), self.prefill_chunk, self.prefill_alone, self.drafts)
         busy = tuple(sorted(s.lane for s in self.seqs.values()))
         return StepPlan(tuple(copies), work, tuple(admitted), tuple(refused), truncated, busy)
 
     def _admit(self, request_id: str, prompt_ids: list[int], plan: AdmissionPlan,
                target_cells: int = 0) -> list[CellCopy]:
-        self._evict(plan.victims)
+        self.lanes.evict(plan.victims)
         lane = self.lanes[plan.lane]
         source = plan.source
         if lane.conv is not None and not (plan.reuse is Reuse.EXTEND and lane.conv is source):
-            self._displace(lane)  # a fork from the lane's own conversation parks the original
+            self.lanes.displace(lane)  # a fork from the lane's own conversation parks the original
         copies: list[CellCopy] = []
         if plan.reuse is Reuse.EXTEND:
             conv = source
             if conv.lane != lane.index:
-                copies += self._place(conv, lane.index)
+                copies += self.lanes.place(conv, lane.index)
             if plan.num_cached < conv.num_cells:
                 copies += self.layout.truncate(conv.table, plan.num_cached)
                 self.cache.cut(conv, plan.num_cached)
@@ -213,87 +213,38 @@ class Scheduler(Restores):
         }
         truncated: list[str] = []
         while (deficit := sum(needs.values()) - self.layout.pool.num_free) > 0:
-            victims = choose_victims(self.cache, self.layout, deficit)
+            victims = choose_victims(self.lanes, deficit)
             if victims is not None:
-                self._evict(victims)
+                self.lanes.evict(victims)
                 break
             youngest = max((s for s, n in needs.items() if n > 0), key=lambda s: s.order)
             del needs[youngest]
             del self.seqs[youngest.request_id]
             self.lanes[youngest.lane].seq = None
-            self._drop(youngest.conv)
+            self.lanes.drop(youngest.conv)
             self.counters.num_truncations += 1
             truncated.append(youngest.request_id)
         for seq in sorted(needs, key=lambda s: s.order):
             self.layout.grow(seq.conv.table, seq.conv.num_cells + 1)
         return tuple(truncated)
 
-    # ---- conversations between lanes ---------------------------------------------------
+    # ---- conversations between lanes (engine/lanes.py) ------------------------------------
     def move(self, src_lane: int, dst_lane: int) -> list[CellCopy]:
         """Move the idle conversation of `src_lane` to `dst_lane` (swap, or copy when reserved)."""
-        src, dst = self.lanes[src_lane], self.lanes[dst_lane]
-        if not src.is_idle:
-            raise ValueError(f"lane {src_lane} holds no idle conversation")
-        if dst.is_busy:
-            raise ValueError(f"lane {dst_lane} is busy")
-        if src_lane == dst_lane:
-            return []  # already there (displacing dst would take the conversation itself out)
-        if dst.conv is not None:
-            self._displace(dst)
-        copies = self._place(src.conv, dst_lane)
-        self.counters.num_cells_copied += sum(c.num_cells for c in copies)
-        return copies
+        return self.lanes.move(src_lane, dst_lane)
 
     def park(self, lane_index: int) -> None:
-        """Take the idle conversation out of its lane, keeping its K/V in the pool.
+        self.lanes.park(lane_index)
 
-        In the reserved layout an idle conversation is already parked in its lane (its K/V
-        lives in the lane's reservation), so this changes nothing there.
-        """
-        lane = self.lanes[lane_index]
-        if not lane.is_idle:
-            raise ValueError(f"lane {lane_index} holds no idle conversation")
-        if self.layout.is_pooled:
-            self._displace(lane)
+    def erase(self, lane_index: int) -> int:
+        return self.lanes.erase(lane_index)
 
-    def _place(self, conv: Conversation, dst_lane: int) -> list[CellCopy]:
-        """Put `conv` in the empty lane `dst_lane`, from its own lane or from the pool."""
-        table, copies = self.layout.move(conv.table, dst_lane)
-        if conv.lane is not None:
-            if conv.lane != dst_lane:
-                if self.layout.is_pooled:
-                    self.counters.num_moves_swap += 1
-                else:
-                    self.counters.num_moves_copy += 1
-            self.lanes[conv.lane].conv = None
-        conv.table, conv.lane = table, dst_lane
-        self.lanes[dst_lane].conv = conv
-        return copies
-
-    def _displace(self, lane: Lane) -> None:
-        """An idle conversation leaves its lane: parked in the pool, or evicted when reserved."""
-        conv = lane.conv
-        assert conv is not None and not conv.is_active
-        if self.layout.is_pooled:
-            lane.conv, conv.lane = None, None
-        else:
-            self._evict((conv,))
-
-    def _evict(self, victims: tuple[Conversation, ...]) -> None:
-        for conv in victims:
-            assert not conv.is_active
-            self._drop(conv)
-            self.counters.num_evictions += 1
-
-    def _drop(self, conv: Conversation) -> None:
-        if conv.lane is not None:
-            self.lanes[conv.lane].conv = None
-        self.layout.release(conv.table)
-        self.cache.remove(conv)
+    def restore(self, token_ids: list[int], checkpoints: list[int], lane_index: int | None = None) -> Conversation | None:
+        return self.lanes.restore(token_ids, checkpoints, lane_index)
 
     def clear_cache(self) -> None:
         """Evict every idle conversation."""
-        self._evict(tuple(self.cache.idle_lru()))
+        self.lanes.clear_cache()
 
     # ---- views ----------------------------------------------------------------------
     @property
@@ -301,8 +252,8 @@ class Scheduler(Restores):
         return bool(self.seqs) or bool(self.waiting)
 
     def stats(self) -> PoolStats:
-        return pool_stats(self.layout, self.lanes, self.cache)
+        return pool_stats(self.lanes)
 
     def check(self) -> None:
         """Every invariant of lanes, conversations and the pool (tests call it after each step)."""
-        check_invariants(self.layout, self.lanes, self.cache, self.seqs)
+        check_invariants(self.lanes, self.seqs)

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from strata.engine.cache import ConversationCache
-from strata.engine.conversation import Lane
-from strata.kv.layout import KVLayout
+if TYPE_CHECKING:
+    from strata.engine.lanes import Lanes
 
 
 @dataclass
@@ -40,9 +39,10 @@ class PoolStats:
     shared_chunks_per_lane: tuple[int, ...] = ()  # of each lane's chunks, the shared ones
 
 
-def pool_stats(layout: KVLayout, lanes: Sequence[Lane], cache: ConversationCache) -> PoolStats:
+def pool_stats(lanes: Lanes) -> PoolStats:
+    layout, cache = lanes.layout, lanes.cache
     active = {i for c in cache if c.is_active for i in c.table.chunk_ids}
-    holders = Counter(i for c in cache for i in c.table.chunk_ids) if layout.is_pooled else Counter()
+    holders = Counter(i for c in cache for i in c.table.chunk_ids) if layout.shares_chunks else Counter()
     shared = {i: n for i, n in holders.items() if n > 1}
     idle = {i for c in cache if not c.is_active for i in c.table.chunk_ids}
     pool = layout.pool

@@ -19,8 +19,16 @@ from strata.kv.table import CellCopy, ChunkTable
 
 
 class KVLayout(ABC):
-    is_pooled: bool
     pool: KVPool
+    name: str  # "pooled" | "reserved": what /slots and the Monitor show
+    # A conversation may be held without a lane (parked in the pool); else it lives in its
+    # lane's reservation, and one that leaves its lane is evicted.
+    holds_parked: bool
+    # A move between lanes copies K/V (else it hands the table over).
+    moves_copy: bool
+    # A chunk id may be listed by several tables (forks share full chunks; identical chunks
+    # are adopted); else every chunk belongs to one lane's reservation.
+    shares_chunks: bool
 
     @property
     def chunk_size(self) -> int:
@@ -74,9 +82,16 @@ class KVLayout(ABC):
     def num_chunks_in_lane(self, lane: int, table: ChunkTable | None) -> int:
         """Chunks lane `lane` holds while it has `table` (None: an empty lane)."""
 
+    def reserved_chunks(self) -> list[int]:
+        """Chunk ids held by lanes' reservations whether written or not (none when pooled)."""
+        return []
+
 
 class PooledLayout(KVLayout):
-    is_pooled = True
+    name = "pooled"
+    holds_parked = True
+    moves_copy = False
+    shares_chunks = True
 
     def __init__(self, num_chunks: int, chunk_size: int):
         self.pool = KVPool(num_chunks, chunk_size)

@@ -16,7 +16,10 @@ from strata.kv.table import CellCopy, ChunkTable, chunks_for, copy_cells
 
 
 class ReservedLayout(KVLayout):
-    is_pooled = False
+    name = "reserved"
+    holds_parked = False
+    moves_copy = True
+    shares_chunks = False
 
     def __init__(self, num_lanes: int, max_context: int, chunk_size: int):
         per_lane = chunks_for(max_context, chunk_size)
@@ -70,3 +73,6 @@ class ReservedLayout(KVLayout):
 
     def num_chunks_in_lane(self, lane: int, table: ChunkTable | None) -> int:
         return len(self.lane_tables[lane].chunk_ids)
+
+    def reserved_chunks(self) -> list[int]:
+        return [i for t in self.lane_tables for i in t.chunk_ids]

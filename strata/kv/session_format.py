@@ -1,6 +1,6 @@
-"""The session file format: README.md "Session files" is its one description (byte layout,
+"""The session file format: docs/sessions.md is its one description (byte layout,
 checksums, what a restore checks); this module reads and writes the header, and
-`kv/session.py` streams the records.
+`cells/session.py` streams the records.
 
 Checksums are zlib's CRC-32 (the standard library), one per record and one over the
 header: 3.8 GB/s on these cores, faster than the disk and the cell copies it sits

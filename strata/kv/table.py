@@ -31,11 +31,20 @@ class CellCopy:
 
 @dataclass(eq=False)
 class ChunkTable:
+    """`num_cells` changes only through `append_cells` and the operations of this module and
+    the layouts (grow, truncate, fork, release); `num_cells <= cell_capacity` (checked by the
+    scheduler's invariants)."""
+
     chunk_ids: list[int] = field(default_factory=list)
     num_cells: int = 0
 
     def cell_capacity(self, chunk_size: int) -> int:
         return len(self.chunk_ids) * chunk_size
+
+    def append_cells(self, num_cells: int) -> None:
+        """`num_cells` more cells after the table's last hold written K/V (room was grown for them)."""
+        assert num_cells >= 0
+        self.num_cells += num_cells
 
 
 def chunks_for(num_cells: int, chunk_size: int) -> int:

@@ -36,6 +36,7 @@ def build_model(
     max_positions: int,
     weight_mode: str = "dense",
     progress: bool = True,
+    fused: bool = True,
 ) -> LlamaModel:
     cfg = source.config
     layer_devices = split_layers(cfg.num_layers, devices)
@@ -63,7 +64,7 @@ def build_model(
         if name not in weights and name + ".quant" not in weights:
             raise LoaderError(f"{source.path}: tensor {name!r} is missing")
     try:
-        model = LlamaModel(cfg, weights, torch_dtype, layer_devices, max_positions, weight_mode)
+        model = LlamaModel(cfg, weights, torch_dtype, layer_devices, max_positions, weight_mode, fused)
     except KeyError as exc:
         raise LoaderError(f"{source.path}: tensor {exc.args[0]!r} is missing") from exc
     del weights

@@ -4,7 +4,7 @@ Two fine-tunes of one architecture share their config, their file sizes and ofte
 first bytes (the GGUF header, the safetensors index); only the weights differ. So the
 fingerprint is SHA-256 over the model config and every byte of every weights file, read
 once at load in 8 MiB blocks: measured 0.095 s for the default model's 98 MB GGUF
-(about 1 GB/s on these cores, README.md "Session files"). It is computed, not cached: a
+(about 1 GB/s on these cores, docs/sessions.md). It is computed, not cached: a
 cache keyed by (size, mtime) goes stale under a copy that keeps the mtime, and one read
 at load costs less than the load itself (3.5 s for the default model).
 """

@@ -38,13 +38,14 @@ class ModelLoad:
     def from_cache(self) -> bool:
         return self.cached is not None
 
-    def build(self, max_positions: int, progress: bool) -> LlamaModel:
+    def build(self, max_positions: int, progress: bool, fused: bool = True) -> LlamaModel:
+        """`fused`: the fused CPU decode ops where they apply (EngineConfig.fused)."""
         if self.cached is not None:
             model = self.cached.model
-            model.prepare_runtime(max_positions)
+            model.prepare_runtime(max_positions, fused)
             log.info("model mapped from the prepared-model cache (%s)", self.key)
             return model
-        model = build_model(self.source, self.dtype, self.devices, max_positions, self.weights, progress)
+        model = build_model(self.source, self.dtype, self.devices, max_positions, self.weights, progress, fused)
         if self.key is not None:
             prepared.save(self.key, prepared.PreparedModel(self.config, self.tokenizer, self.fingerprint, model))
         return model

@@ -31,6 +31,7 @@ import tokenizers
 import torch
 
 import strata.models
+from strata.config import CACHE_ENV, prepared_cache_dir
 
 from strata.loader.tokenizer import Tokenizer
 from strata.models.config import ModelConfig
@@ -38,7 +39,6 @@ from strata.models.llama import LlamaModel
 
 log = logging.getLogger("strata.loader")
 
-CACHE_ENV = "STRATA_CACHE_DIR"
 FORMAT = 2  # bump when what an entry holds changes shape
 MAX_ENTRIES = 4
 # The modules whose classes an entry pickles: their source is part of the key.
@@ -54,12 +54,8 @@ class PreparedModel:
 
 
 def cache_dir() -> str | None:
-    """Where entries live; None when the cache is off."""
-    env = os.environ.get(CACHE_ENV)
-    if env is not None:
-        return None if env.strip().lower() in ("off", "0", "false", "") else env
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "strata")
+    """Where entries live; None when the cache is off (strata/config.py reads the environment)."""
+    return prepared_cache_dir()
 
 
 def cache_key(path: str, dtype: str, weights: str, devices: Sequence[str]) -> str | None:

@@ -9,17 +9,22 @@ causally aligned to its last cell.
 Rows of the step's token batch: the decoding lanes first (one row each, in group order),
 then each prefill piece's rows in order.
 
-With `--kv int8` a cache is `Int8Cells`: `_write` quantises on the write, and each read
-dequantises exactly the cells it reads into the compute dtype right before attention.
+A layer's caches are `Cells` (cells/protocol.py): attention writes and reads them only
+through that protocol, whatever stores them (dense, int8 quantised on the write and
+dequantised where read, or the ring's view of one step).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from strata.models.cell_reads import Cache, DecodeRead, PrefillRead
+from strata.models.cell_reads import DecodeRead, PrefillRead
+
+if TYPE_CHECKING:
+    from strata.cells.protocol import Cells as Cache
 
 
 @dataclass(frozen=True)
@@ -45,8 +50,8 @@ def attend(
     meta: AttentionMeta,
 ) -> torch.Tensor:
     """Writes the new K/V into the cache, then attends; returns [tokens, heads * head_dim]."""
-    _write(k_cache, meta.write_index, k.transpose(0, 1))
-    _write(v_cache, meta.write_index, v.transpose(0, 1))
+    k_cache.write(meta.write_index, k.transpose(0, 1))
+    v_cache.write(meta.write_index, v.transpose(0, 1))
     return attend_written(q, k_cache, v_cache, meta)
 
 
@@ -63,10 +68,3 @@ def attend_written(q: torch.Tensor, k_cache: Cache, v_cache: Cache, meta: Attent
         out[p.row_start : p.row_end] = p.attend(q[p.row_start : p.row_end], k_cache, v_cache)
     return out.view(num_tokens, num_heads * head_dim)
 
-
-def _write(cache: Cache, index: torch.Tensor, x: torch.Tensor) -> None:
-    """x [kv_heads, len(index), head_dim] into flat cells `index` (quantised for int8)."""
-    if isinstance(cache, torch.Tensor):
-        cache.index_copy_(1, index, x.to(cache.dtype))
-    else:  # Int8Cells quantise; RingCells write the device copy and the pool's
-        cache.write(index, x)

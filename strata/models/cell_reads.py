@@ -12,8 +12,9 @@ Prefill pieces (a lane's new tokens, each attending to the cells up to its own):
 - `PrefillContiguous`, `PrefillGather`, `PrefillRuns`: the same three ways.
 
 Each type's `attend(q, k_cache, v_cache)` takes its own rows' rotated queries [rows,
-heads, dim] and returns [rows, heads, dim]; a cache is [kv_heads, cells, dim] in the K/V
-dtype, or `Int8Cells`, dequantised exactly where read. `to(device)` moves its tensors.
+heads, dim] and returns [rows, heads, dim]; a cache is one layer's `Cells` (cells/protocol.py),
+read only through it (int8 cells are dequantised exactly where read). `to(device)` moves
+its tensors.
 """
 
 from __future__ import annotations
@@ -21,14 +22,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 import torch.nn.functional as F
 
-from strata.kv.quant import Int8Cells, strided
-
-Cache = torch.Tensor | Int8Cells  # or RingCells (kv/ring_cells.py): the same read(cells, dtype) and shape
+if TYPE_CHECKING:
+    from strata.cells.protocol import Cells as Cache
 
 
 def _moved(obj, device: torch.device):
@@ -41,13 +41,6 @@ def _moved(obj, device: torch.device):
         elif isinstance(v, tuple) and any(isinstance(t, torch.Tensor) for t in v):
             changes[f.name] = tuple(None if t is None else t.to(device, non_blocking=True) for t in v)
     return dataclasses.replace(obj, **changes) if changes else obj
-
-
-def read(cache: Cache, cells: slice | torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """[kv_heads, cells, head_dim] in `dtype`: a view of a slice where the dtypes agree, else a copy."""
-    if isinstance(cache, torch.Tensor):
-        return cache[:, cells].to(dtype)
-    return cache.read(cells, dtype)  # Int8Cells, or RingCells (kv/ring_cells.py)
 
 
 def _grouped(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
@@ -66,8 +59,8 @@ class DecodeContiguous:
     num_rows = 1
 
     def attend(self, q: torch.Tensor, k_cache: Cache, v_cache: Cache) -> torch.Tensor:
-        k = read(k_cache, self.cells, q.dtype).unsqueeze(0)  # [1, kvh, cells, dim], a view
-        v = read(v_cache, self.cells, q.dtype).unsqueeze(0)
+        k = k_cache.read(self.cells, q.dtype).unsqueeze(0)  # [1, kvh, cells, dim], a view
+        v = v_cache.read(self.cells, q.dtype).unsqueeze(0)
         o = F.scaled_dot_product_attention(_grouped(q, k.shape[1]), k, v)
         return o.reshape(q.shape)
 
@@ -91,18 +84,14 @@ class DecodeStrided:
     mask: torch.Tensor | None  # [slots, 1, 1, max_cells] bool, True on the slot's own cells
 
     def attend(self, q: torch.Tensor, k_cache: Cache, v_cache: Cache) -> torch.Tensor:
-        k, v = self._view(k_cache, q.dtype), self._view(v_cache, q.dtype)  # [slots, kvh, cells, dim]
+        k = k_cache.read_strided(self.first, self.distance, self.num_slots, self.max_cells, q.dtype)
+        v = v_cache.read_strided(self.first, self.distance, self.num_slots, self.max_cells, q.dtype)  # [slots, kvh, cells, dim]
         qg = _grouped(q, k.shape[1])
         if self.slots is not None:  # slots no row uses get zero queries; their output is dropped
             full = q.new_zeros(self.num_slots, *qg.shape[1:])
             full[self.slots] = qg
             return F.scaled_dot_product_attention(full, k, v, attn_mask=self.mask)[self.slots].reshape(q.shape)
         return F.scaled_dot_product_attention(qg, k, v, attn_mask=self.mask).reshape(q.shape)
-
-    def _view(self, cache: Cache, dtype: torch.dtype) -> torch.Tensor:
-        if isinstance(cache, Int8Cells):
-            return cache.read_strided(self.first, self.distance, self.num_slots, self.max_cells, dtype)
-        return strided(cache, self.first, self.distance, self.num_slots, self.max_cells).to(dtype)
 
     def to(self, device: torch.device) -> DecodeStrided:
         return _moved(self, device)
@@ -121,8 +110,8 @@ class DecodeGather:
         rows, _, dim = q.shape
         kvh = k_cache.shape[0]
         # Advanced indexing gathers along cells about 4x faster than index_select(1, ...).
-        k = read(k_cache, self.cell_index, q.dtype).view(kvh, rows, self.max_cells, dim).transpose(0, 1)
-        v = read(v_cache, self.cell_index, q.dtype).view(kvh, rows, self.max_cells, dim).transpose(0, 1)
+        k = k_cache.read(self.cell_index, q.dtype).view(kvh, rows, self.max_cells, dim).transpose(0, 1)
+        v = v_cache.read(self.cell_index, q.dtype).view(kvh, rows, self.max_cells, dim).transpose(0, 1)
         return F.scaled_dot_product_attention(_grouped(q, kvh), k, v, attn_mask=self.mask).reshape(q.shape)
 
     def to(self, device: torch.device) -> DecodeGather:
@@ -132,8 +121,8 @@ class DecodeGather:
 @dataclass(frozen=True)
 class DecodeSpans:
     """Row r's cells are spans[row_spans[r] : row_spans[r + 1]], each (first flat cell, cells),
-    in position order: any layout, read in place, no padding or mask. Caches are plain
-    tensors in the compute dtype (the runner uses this read only then)."""
+    in position order: any layout, read in place, no padding or mask. The caches' kernel views
+    (cells stored in the compute dtype: the runner uses this read only then)."""
 
     kind: ClassVar[str] = "spans"
     row_start: int
@@ -143,7 +132,9 @@ class DecodeSpans:
     kernel: Callable  # the fused ops' decode_attention(q, k, v, spans, row_spans, scale)
 
     def attend(self, q: torch.Tensor, k_cache: Cache, v_cache: Cache) -> torch.Tensor:
-        return self.kernel(q, k_cache, v_cache, self.spans, self.row_spans, q.shape[-1] ** -0.5)
+        k, v = k_cache.kernel_view(q.dtype), v_cache.kernel_view(q.dtype)
+        assert k is not None and v is not None, "fused decode reads need cells stored in the compute dtype"
+        return self.kernel(q, k, v, self.spans, self.row_spans, q.shape[-1] ** -0.5)
 
     def to(self, device: torch.device) -> DecodeSpans:
         return self  # CPU only
@@ -179,8 +170,8 @@ def attend_runs(
     qg = q.view(rows, num_kv_heads, group, head_dim).permute(1, 2, 0, 3).reshape(1, num_kv_heads, -1, head_dim)
     outs, lses = [], []
     for run, mask in zip(runs, masks):
-        k = read(k_cache, run, q.dtype).unsqueeze(0)  # [1, kvh, run cells, dim], a view
-        v = read(v_cache, run, q.dtype).unsqueeze(0)
+        k = k_cache.read(run, q.dtype).unsqueeze(0)  # [1, kvh, run cells, dim], a view
+        v = v_cache.read(run, q.dtype).unsqueeze(0)
         bias = None
         if mask is not None:
             mask = mask.repeat(group, 1)  # [group * rows, run cells]
@@ -235,7 +226,7 @@ class PrefillContiguous:
     cells: slice
 
     def attend(self, q: torch.Tensor, k_cache: Cache, v_cache: Cache) -> torch.Tensor:
-        return _attend_cells(q, read(k_cache, self.cells, q.dtype), read(v_cache, self.cells, q.dtype))
+        return _attend_cells(q, k_cache.read(self.cells, q.dtype), v_cache.read(self.cells, q.dtype))
 
     def to(self, device: torch.device) -> PrefillContiguous:
         return self
@@ -249,7 +240,7 @@ class PrefillGather:
     cell_index: torch.Tensor  # [cells] flat
 
     def attend(self, q: torch.Tensor, k_cache: Cache, v_cache: Cache) -> torch.Tensor:
-        return _attend_cells(q, read(k_cache, self.cell_index, q.dtype), read(v_cache, self.cell_index, q.dtype))
+        return _attend_cells(q, k_cache.read(self.cell_index, q.dtype), v_cache.read(self.cell_index, q.dtype))
 
     def to(self, device: torch.device) -> PrefillGather:
         return _moved(self, device)

@@ -3,39 +3,28 @@ quantized-weight kernels in the same module (strata/csrc/quant_ops.cpp).
 
 `make venv` builds them at install time (setup.py) for x86-64 CPUs with AVX2 and FMA. They
 are used only where every condition holds: the module imported, this CPU has AVX2 (torch
-says so), and `STRATA_FUSED` is not 0/false/off. Elsewhere (another CPU, no compiler at
+says so), and the engine's `fused` setting is on
+(`STRATA_FUSED`, read in strata/config.py). Elsewhere (another CPU, no compiler at
 install, an accelerator) the model runs the equivalent torch ops; tests compare the two.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from types import ModuleType
 
 import torch
 
-from strata.config import QUANT_ISA_ENV, quant_isa_from_env
+from strata.config import QUANT_ISA_ENV, fused_enabled, quant_isa_from_env
 from strata.errors import ConfigError
 
 log = logging.getLogger("strata")
 
-FUSED_ENV = "STRATA_FUSED"
 
-
-def fused_enabled() -> bool:
-    """False when $STRATA_FUSED says off; any other value than on/off words is an error."""
-    value = os.environ.get(FUSED_ENV, "").strip().lower()
-    if value in ("", "1", "true", "on"):
-        return True
-    if value in ("0", "false", "off"):
-        return False
-    raise ValueError(f"${FUSED_ENV} must be 1/true/on or 0/false/off, got {os.environ[FUSED_ENV]!r}")
-
-
-def load_decode_ops() -> ModuleType | None:
-    """The extension module, or None where it must not or cannot be used."""
-    if not fused_enabled():
+def load_decode_ops(enabled: bool | None = None) -> ModuleType | None:
+    """The extension module, or None where it must not or cannot be used. `enabled`: the
+    engine's `fused` setting (None: `STRATA_FUSED`, read by strata/config.py)."""
+    if not (fused_enabled() if enabled is None else enabled):
         return None
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
         return None
@@ -57,7 +46,7 @@ def load_quant_ops() -> ModuleType | None:
         from strata import _decode_ops
     except ImportError:
         return None
-    isa = quant_isa_from_env(os.environ)
+    isa = quant_isa_from_env()
     if isa != "auto" and isa not in _decode_ops.quant_isas():
         raise ConfigError(f"${QUANT_ISA_ENV}={isa}: this CPU runs only {', '.join(_decode_ops.quant_isas())}")
     _decode_ops.set_quant_isa(isa)

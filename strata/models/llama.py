@@ -9,13 +9,11 @@ embedding on the first layer's device, the final norm and LM head on the last.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 import torch.nn.functional as F
 
-from strata.kv.ring_step import RingStep
-from strata.kv.ring_cells import RingCells
-from strata.kv.storage import KVStorage
 from strata.models.attention import AttentionMeta, attend, attend_written
 from strata.models.config import ModelConfig
 from strata.models.fused import load_decode_ops
@@ -23,6 +21,17 @@ from strata.models.head import make_head
 from strata.models.layers import Embedding, RMSNorm, Rotary, apply_rotary, rope_inv_freq
 from strata.models.linear import fused_linear
 from strata.models.quant import QuantWeight
+
+
+if TYPE_CHECKING:
+    from strata.cells.protocol import Cells
+
+
+class LayerCells(Protocol):
+    """Where a forward reads each layer's K/V: the pool's storage, or the ring's view of it for
+    one step (cells/storage.py, cells/ring_step.py)."""
+
+    def layer_caches(self, i: int) -> tuple[Cells, Cells]: ...
 
 
 def layer_name(i: int, suffix: str) -> str:
@@ -60,8 +69,8 @@ class DecoderLayer:
         x: torch.Tensor,  # [tokens, hidden]
         cos: torch.Tensor,  # [tokens, 1, head_dim / 2]
         sin: torch.Tensor,
-        k_cache: torch.Tensor,  # [kv_heads, cells, head_dim]
-        v_cache: torch.Tensor,
+        k_cache: Cells,  # [kv_heads, cells, head_dim]
+        v_cache: Cells,
         meta: AttentionMeta,
         ops=None,  # the fused decode ops (models/fused.py), or None: torch ops
     ) -> torch.Tensor:
@@ -69,14 +78,10 @@ class DecoderLayer:
         qkv = self.qkv(self.input_norm(x, ops))
         q = None
         if ops is not None and self.q_norm is None and qkv.is_contiguous():
-            # One pass: q and k rotated, k and v written to their cells (no qk norm, K/V in
-            # the compute dtype; `ops` is set only on the CPU).
-            if isinstance(k_cache, torch.Tensor) and k_cache.dtype == qkv.dtype:
-                q = ops.rope_write(qkv, cos.squeeze(1), sin.squeeze(1), k_cache, v_cache, meta.write_index,
-                                   cfg.num_heads, cfg.num_kv_heads)
-            elif isinstance(k_cache, RingCells):
-                q = k_cache.fused_write(ops, qkv, cos.squeeze(1), sin.squeeze(1), v_cache, cfg.num_heads,
-                                        cfg.num_kv_heads)
+            # One pass: q and k rotated, k and v written to their cells (no qk norm; where the
+            # cells allow it; `ops` is set only on the CPU).
+            q = k_cache.fused_write(ops, qkv, cos.squeeze(1), sin.squeeze(1), v_cache, meta.write_index,
+                                    cfg.num_heads, cfg.num_kv_heads)
         if q is not None:
             a = attend_written(q, k_cache, v_cache, meta)
         else:
@@ -112,6 +117,7 @@ class LlamaModel:
         layer_devices: Sequence[torch.device],
         max_positions: int,
         weight_mode: str = "dense",
+        fused: bool = True,
     ):
         """`weights`: Hugging Face names -> tensors already in `dtype` on their layer's device,
         plus name + ".quant" -> QuantWeight (CPU) for tensors kept as the file stores them
@@ -132,13 +138,13 @@ class LlamaModel:
         self.lm_head = make_head(head, head_quant, weight_mode, dtype, self.layer_devices[-1])
         self.inv_freq = rope_inv_freq(cfg, weights.get("rope_freqs"))  # [head_dim / 2] float32
         self.devices = list(dict.fromkeys(self.layer_devices))
-        self.prepare_runtime(max_positions)
+        self.prepare_runtime(max_positions, fused)
 
-    def prepare_runtime(self, max_positions: int) -> None:
+    def prepare_runtime(self, max_positions: int, fused: bool = True) -> None:
         """What is not weights: rotary tables for positions 0..max_positions-1 on every device,
-        and the fused decode ops where every layer is on the CPU (else None: torch ops)."""
+        and (`fused`) the fused decode ops where every layer is on the CPU (else None: torch ops)."""
         self.rotary = {d: Rotary(self.inv_freq, max_positions, self.dtype, d) for d in self.devices}
-        self.ops = load_decode_ops() if all(d.type == "cpu" for d in self.devices) else None
+        self.ops = load_decode_ops(fused) if all(d.type == "cpu" for d in self.devices) else None
 
     @property
     def quant_max_rows(self) -> int | None:
@@ -169,11 +175,11 @@ class LlamaModel:
         input_ids: torch.Tensor,  # [tokens] on the first device
         positions: Mapping[torch.device, torch.Tensor],  # [tokens] per device
         metas: Mapping[torch.device, AttentionMeta],
-        kv: KVStorage | RingStep,
+        kv: LayerCells,
         logits_rows: torch.Tensor,  # [rows] which token rows need logits (on the last device)
     ) -> torch.Tensor:
         """Returns float32 logits [rows, vocab]. `kv.layer_caches(i)` gives layer i's K and V:
-        the pool's own tensors, or the ring's view of them for this step (kv/ring.py)."""
+        the pool's own tensors, or the ring's view of them for this step (cells/ring.py)."""
         x = self.embedding(input_ids)
         tables = {d: self.rotary[d].tables(positions[d]) for d in self.devices}
         for i, layer in enumerate(self.layers):

@@ -1,6 +1,6 @@
 """Attention addressing through the ring: where each lane's cells are read and written.
 
-Cells are in the ring's virtual space (kv/ring_cells.py): a page read in place sits at its
+Cells are in the ring's virtual space (cells/ring_cells.py): a page read in place sits at its
 arena slot, a streamed page at its staging slot. A lane's pages whose virtual cells
 continue each other form one run; a lane in one run is read in place like a contiguous
 lane, a lane in several runs run by run, merged by log-sum-exp (`DecodeRuns`,
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from strata.kv.ring_step import PageMap, RingStep
+from strata.cells.ring_step import PageMap, RingStep
 from strata.models.attention import AttentionMeta
 from strata.models.cell_reads import DecodeContiguous, DecodeRuns, PrefillContiguous, PrefillRuns
 from strata.runner.reads import split_for_rows

@@ -6,33 +6,29 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from strata.kv.storage import KVStorage
+from strata.cells.ring import KVRing
+from strata.cells.storage import KVStorage
+from strata.drafting.draft_model import DraftModel, ModelDrafter, with_drafts
+from strata.drafting.verify import verify
 from strata.models.llama import LlamaModel
-from strata.kv.ring import KVRing
-from strata.runner.drafter import ModelDrafter, with_drafts
-from strata.runner.inputs import StepInputs, build_inputs
+from strata.runner.forward import LaneForward
+from strata.runner.inputs import StepInputs
 from strata.runner.ring_reads import ring_meta
-from strata.runner.reads import ChunkCells
 from strata.sampler import Sampler
 from strata.sampling import SamplingParams
 from strata.step import DraftOutcome, LaneWork, Sampled, StepOutput, StepPlan
-from strata.verify import verify
 
 
 class ModelRunner:
     def __init__(self, model: LlamaModel, kv: KVStorage, ring: KVRing | None = None,
-                 drafter: ModelDrafter | None = None):
+                 draft: DraftModel | None = None):
         self.model = model
         self.kv = kv
         self.ring = ring  # --kv-resident: attention reads the pool through the ring
-        self.drafter = drafter  # --spec draft: the draft model, its K/V in the same chunks
+        self.lanes = LaneForward(model, kv)
+        # --spec draft: the draft model, its K/V in the same chunks, read through its own forward
+        self.drafter = ModelDrafter(draft, LaneForward(draft.model, draft.kv).sample_logits) if draft else None
         self.sampler = Sampler()
-        # Strided decode reads (overlapping K/V views) on CPU only: accelerator SDPA kernels
-        # have mishandled unusual K/V strides, and none was lent to test them; they gather.
-        is_cpu = all(d.type == "cpu" for d in model.devices)
-        self.cells = ChunkCells(kv.chunk_size, kv.num_chunks * kv.chunk_size if is_cpu else None)
-        self.first_device = model.layer_devices[0]
-        self.last_device = model.layer_devices[-1]
 
     @torch.inference_mode()
     def execute(
@@ -53,7 +49,7 @@ class ModelRunner:
         work = plan.work
         if self.drafter is not None and any(w.draft_slots for w in work):
             work = with_drafts(work, self.drafter.propose(work))
-        inputs = build_inputs(work, self.cells, self._decode_kernel())
+        inputs = self.lanes.inputs(work, fused_decode=self.ring is None)  # the ring reads its own way
         logits = self._forward(inputs, inputs.logits_rows, plan.busy_lanes)
         return self._sample(logits, inputs.sample_work, params, generators)
 
@@ -87,36 +83,22 @@ class ModelRunner:
         return copied
 
     @torch.inference_mode()
-    def logits_for(self, work: Sequence) -> torch.Tensor:
-        """Float32 logits for every token row of `work` (tests compare them with transformers)."""
-        inputs = build_inputs(work, self.cells, self._decode_kernel())
+    def all_logits(self, work: Sequence[LaneWork]) -> torch.Tensor:
+        """Float32 logits [tokens, vocab] for every token row of `work`, in row order, its K/V
+        written as a step's would be (strata/testing.py compares them with transformers)."""
+        inputs = self.lanes.inputs(work, fused_decode=self.ring is None)
         return self._forward(inputs, torch.arange(inputs.input_ids.numel()))
-
-    def _decode_kernel(self):
-        """The fused decode attention for this step's decode rows, or None (the ring reads its own way)."""
-        return self.model.decode_attention_kernel(self.kv.dtype) if self.ring is None else None
 
     def _forward(self, inputs: StepInputs, logits_rows: torch.Tensor, busy_lanes: Sequence[int] = ()) -> torch.Tensor:
         """The model over `inputs`, reading K/V from the pool or through the ring (whose budget
         counts the rings of `busy_lanes` too)."""
-        kv, meta, step = self.kv, inputs.meta, None
-        if self.ring is not None:
-            step = self.ring.prepare(inputs.work, inputs.meta.write_index, busy_lanes)
-            kv, meta = step, ring_meta(inputs.work, step)
-        metas = {d: meta.to(d) for d in self.model.devices}
-        positions = {d: inputs.positions.to(d, non_blocking=True) for d in self.model.devices}
+        if self.ring is None:
+            return self.lanes.logits(inputs, logits_rows)
+        step = self.ring.prepare(inputs.work, inputs.meta.write_index, busy_lanes)
         try:
-            logits = self.model.forward(
-                inputs.input_ids.to(self.first_device, non_blocking=True),
-                positions,
-                metas,
-                kv,
-                logits_rows.to(self.last_device, non_blocking=True),
-            )
+            logits = self.lanes.logits(inputs, logits_rows, step, ring_meta(inputs.work, step))
         except BaseException:
-            if step is not None:
-                self.ring.abort(step)
+            self.ring.abort(step)
             raise
-        if step is not None:
-            step.finish()
+        step.finish()
         return logits

@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
 from strata import __version__
-from strata.engine.engine import Engine
+from strata.engine.interface import Engine
 from strata.server import requests
 from strata.server.anthropic.errors import AnthropicErrors
 from strata.server.anthropic.routes import router as anthropic_router

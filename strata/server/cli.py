@@ -156,7 +156,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # Imported here, not at the top: `strata generate` needs none of them (torch, uvicorn).
     import uvicorn
 
-    from strata.engine.engine import Engine
+    from strata.engine.interface import Engine
     from strata.server.app import create_app
 
     config = engine_config(args)  # a bad engine flag fails here, before the port opens

@@ -6,14 +6,14 @@ import concurrent.futures
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from strata.engine.engine import Engine
+from strata.engine.interface import Engine, Prompt
 from strata.sampling import SamplingParams
 
 
 @dataclass(frozen=True)
 class Add:
     request_id: str
-    prompt_ids: list[int]
+    prompt: Prompt | list[int]  # a Prompt was checked at the edge
     params: SamplingParams
     arrival: float
 

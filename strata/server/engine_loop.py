@@ -4,7 +4,8 @@ Invariants:
 - Only the engine thread touches the engine (it is not thread-safe): it loads the model,
   takes commands from `_inbox` (thread-safe), steps while any request has work, and hands
   each step's events to the asyncio loop with one `call_soon_threadsafe`.
-- `_handles` and `_num_active` belong to the asyncio thread.
+- `_handles` and `_num_active` belong to the asyncio thread; `_open` (the requests it owes
+  a final event) to the engine thread.
 - Every request the engine accepted ends with exactly one final event: a finished
   `RequestOutput` (stop, length, abort, or a refusal carrying `error`) or `Failed`.
 - Closing a handle before its final event sends `Cancel`: the engine aborts the request
@@ -24,18 +25,16 @@ import time
 import uuid
 from collections.abc import Callable
 
-from strata.engine.engine import Engine
-from strata.engine.request import RequestOutput
+from strata.engine.interface import Engine, EngineSnapshot, Prompt, RequestOutput
 from strata.errors import QueueFullError, StrataError
 from strata.sampling import SamplingParams
 from strata.server.engine_commands import STOP, WAKE, Add, Call, Cancel
 from strata.server.errors import NotReady, ServerError
-from strata.server.incidents import incident_id
 from strata.server.handle import Admitted, Event, Failed, RequestHandle, is_final
+from strata.server.incidents import incident_id
 from strata.server.metrics import ServerMetrics
 from strata.server.monitor.watch import PoolWatch
 from strata.server.params import ModelInfo
-from strata.server.snapshot import EngineSnapshot, take_snapshot
 
 log = logging.getLogger("strata.server")
 
@@ -68,9 +67,7 @@ class EngineLoop:
         self._handles: dict[str, RequestHandle] = {}
         self._num_active = 0  # submitted, not yet final or closed
         # engine thread only.
-        self._pending: set[str] = set()  # added, not yet admitted
-        self._arrival: dict[str, float] = {}
-        self._last_token: dict[str, float] = {}
+        self._open: set[str] = set()  # added here, final event not yet posted
         self._ids = itertools.count()
         self._prefix = uuid.uuid4().hex[:8]
 
@@ -111,7 +108,7 @@ class EngineLoop:
             retry = self.snapshot.retry_after if self.snapshot is not None else 1
             raise QueueFullError(self._num_active - self.num_lanes, retry)
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams) -> RequestHandle:
+    def submit(self, prompt: Prompt | list[int], params: SamplingParams) -> RequestHandle:
         """Queue a request; QueueFullError when every lane is busy and max_waiting wait already."""
         self.check_ready()
         self.check_capacity()
@@ -119,7 +116,7 @@ class EngineLoop:
         handle = RequestHandle(request_id, self)
         self._handles[request_id] = handle
         self._num_active += 1
-        self._inbox.put(Add(request_id, list(prompt_ids), params, time.perf_counter()))
+        self._inbox.put(Add(request_id, prompt, params, time.perf_counter()))
         return handle
 
     async def call(self, fn: Callable[[Engine], object]) -> object:
@@ -168,15 +165,10 @@ class EngineLoop:
             else:
                 log.error("the model failed to load: %s", exc)
             return
-        self.info = ModelInfo(
-            self._model_id,
-            engine.tokenizer,
-            engine.max_context,
-            engine.model_config.vocab_size,
-            engine.fingerprint,
-        )
-        self.num_lanes = engine.config.num_lanes
-        self.snapshot = take_snapshot(engine)
+        info = engine.info
+        self.info = ModelInfo(self._model_id, info.tokenizer, info.max_context, info.vocab_size, info.fingerprint)
+        self.num_lanes = info.num_lanes
+        self.snapshot = engine.snapshot()
         self.state = "ready"
         try:
             self._serve(engine)
@@ -199,8 +191,8 @@ class EngineLoop:
                     batch += self._apply(engine, command)
             if engine.has_work:
                 batch += self._step(engine)
-            self.snapshot = take_snapshot(engine)
-            self.pool_watch.observe(engine.scheduler, engine.max_context)
+            self.snapshot = engine.snapshot()
+            self.pool_watch.observe(engine.picture)
             if batch:
                 self._post(batch)
 
@@ -221,24 +213,21 @@ class EngineLoop:
             return []
         request_id = command.request_id
         if isinstance(command, Cancel):
-            self._pending.discard(request_id)
-            self._arrival.pop(request_id, None)
-            self._last_token.pop(request_id, None)
-            if engine.abort(request_id) is not None:
+            self._open.discard(request_id)
+            if engine.cancel(request_id) is not None:
                 self._metrics.finished.labels("abort").inc()
             return []
         try:
-            engine.add_request(command.prompt_ids, command.params, request_id)
+            engine.submit(command.prompt, command.params, request_id, arrival=command.arrival)
         except StrataError as exc:
             return [(request_id, Failed(exc))]
         except Exception as exc:
-            log.exception("add_request failed")
+            log.exception("submit failed")
             # The client gets an incident id; the log gets the cause under it.
             error = ServerError("the engine could not take the request")
             error.__cause__ = exc
             return [(request_id, Failed(error))]
-        self._pending.add(request_id)
-        self._arrival[request_id] = command.arrival
+        self._open.add(request_id)
         return []
 
     def _step(self, engine: Engine) -> list[tuple[str, Event]]:
@@ -249,73 +238,53 @@ class EngineLoop:
             error.__cause__ = exc
             incident_id(error, "an engine step, outside execute: every open request ends")
             return self._fail_all(engine, error)
-        batch: list[tuple[str, Event]] = []
-        by_id = {out.request_id: out for out in outputs}
-        for request_id in list(self._pending):
-            out, state = by_id.get(request_id), engine.requests.get(request_id)
-            if out is not None and out.error is not None:
-                self._pending.discard(request_id)  # refused at admission
-            elif state is not None and state.admitted is not None:
-                batch.append((request_id, Admitted(state.num_cached)))
-                self._pending.discard(request_id)
-            elif out is not None:  # admitted and finished within this step
-                batch.append((request_id, Admitted(out.num_cached_tokens)))
-                self._pending.discard(request_id)
-        now = time.perf_counter()
+        batch: list[tuple[str, Event]] = [(a.request_id, Admitted(a.num_cached)) for a in engine.last_admissions]
         for out in outputs:
-            self._observe(out, now)
+            self._observe(out)
             batch.append((out.request_id, out))
         return batch
 
-    def _observe(self, out: RequestOutput, now: float) -> None:
-        request_id, m = out.request_id, self._metrics
+    def _observe(self, out: RequestOutput) -> None:
+        m = self._metrics
         if out.new_token_ids:
             m.generation_tokens.inc(len(out.new_token_ids))
-            last = self._last_token.get(request_id)
-            if last is not None:
-                m.itl.observe(now - last)
-            elif request_id in self._arrival:
-                m.ttft.observe(now - self._arrival[request_id])
-            self._last_token[request_id] = now
+            if out.latency_s is not None:  # the first token's: since arrival (TTFT); else since the last
+                (m.ttft if out.num_output_tokens == len(out.new_token_ids) else m.itl).observe(out.latency_s)
         if out.finished:
             m.finished.labels(out.finish_reason or "unknown").inc()
             if out.error is None:
                 m.prompt_tokens.inc(out.num_prompt_tokens)
-            self._arrival.pop(request_id, None)
-            self._last_token.pop(request_id, None)
+            self._open.discard(out.request_id)
 
     def _fail_all(self, engine: Engine, error: ServerError) -> list[tuple[str, Event]]:
         batch: list[tuple[str, Event]] = []
         for request_id in self._accepted(engine):
             try:
-                engine.abort(request_id)
+                engine.cancel(request_id)
             except Exception:
-                log.exception("abort after a failed step")
+                log.exception("cancel after a failed step")
             batch.append((request_id, Failed(error)))
             self._metrics.finished.labels("error").inc()
-        self._pending.clear()
-        self._arrival.clear()
-        self._last_token.clear()
+        self._open.clear()
         return batch
 
     def _accepted(self, engine: Engine) -> list[str]:
         """Every request this loop took and has not ended: in the engine, or ended by a
         step whose events were lost because the step failed."""
-        return list(dict.fromkeys([*engine.requests, *self._arrival]))
+        return list(dict.fromkeys([*engine.open_requests(), *self._open]))
 
     def _shutdown(self, engine: Engine, batch: list[tuple[str, Event]], unread: list) -> None:
         """Every open request, and every one still queued, ends with a final event."""
         self.state = "stopped"  # before the last events: no submit is accepted after them
         error = NotReady("the server is shutting down", code="shutting_down")
         for request_id in self._accepted(engine):
-            if request_id in engine.requests:
-                engine.abort(request_id)
+            engine.cancel(request_id)
             batch.append((request_id, Failed(error)))
         batch += [(c.request_id, Failed(error)) for c in unread if isinstance(c, Add)]
         for c in unread:
             if isinstance(c, Call):
                 c.future.set_exception(error)
-        self.snapshot = take_snapshot(engine)
+        self.snapshot = engine.snapshot()
         self._post(batch, error)
 
     def _post(self, batch: list[tuple[str, Event]], last: Exception | None = None) -> None:

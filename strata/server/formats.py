@@ -1,7 +1,8 @@
 """Engine outputs -> OpenAI response bodies, for chat and for text completions.
 
 A `Format` is made per request; it knows the response id, the model and how each endpoint
-spells a delta, a final chunk, a usage chunk and a whole response.
+spells a delta, a final chunk, a usage chunk and a whole response. `OpenAIResponse` puts
+one in the shape server/respond.py streams (`ResponseFormat`).
 """
 
 from __future__ import annotations
@@ -10,10 +11,12 @@ import time
 from collections.abc import Sequence
 from typing import Protocol
 
-from strata.engine.request import RequestOutput
+from strata.engine.interface import Collected, RequestOutput
 from strata.loader.tokenizer import Tokenizer
 from strata.sampler import TokenLogprobs
 from strata.server import responses as r
+from strata.server.errors import error_body
+from strata.server.sse import DONE, comment, data_event
 
 
 def usage_of(out: RequestOutput) -> r.Usage:
@@ -173,3 +176,32 @@ class CompletionFormat(_Stream):
             truncated=out.truncated,
         )
         return self._body(r.Completion, [choice], usage=usage_of(out), timings=timings_of(out))
+
+
+class OpenAIResponse:
+    """A chat or completion `Format` as server/respond.py's `ResponseFormat`: SSE `data:` events
+    ending with `[DONE]` (a usage chunk first with `stream_options.include_usage`)."""
+
+    def __init__(self, fmt: Format, include_usage: bool):
+        self._fmt = fmt
+        self._include_usage = include_usage
+
+    def opening(self, first) -> list[str]:
+        return [data_event(o) for o in self._fmt.opening()]
+
+    def delta(self, out: RequestOutput) -> list[str]:
+        delta = self._fmt.delta(out.new_text, out.new_logprobs)
+        return [] if delta is None else [data_event(delta)]
+
+    def closing(self, final: RequestOutput) -> list[str]:
+        usage = [data_event(self._fmt.usage(final))] if self._include_usage else []
+        return [data_event(self._fmt.final(final)), *usage, DONE]
+
+    def error(self, error: BaseException) -> list[str]:
+        return [data_event({"error": error_body(error)}), DONE]
+
+    def keepalive(self, admitted: bool) -> str:
+        return comment("working" if admitted else "waiting")
+
+    def whole(self, got: Collected) -> dict:
+        return self._fmt.response(got.text, got.logprobs, got.final).model_dump(mode="json", exclude_none=False)

@@ -11,7 +11,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Protocol
 
-from strata.engine.request import RequestOutput
+from strata.engine.interface import RequestOutput
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,7 @@ class Admitted:
 
 @dataclass(frozen=True)
 class Failed:
-    error: BaseException  # a RequestError from add_request, or the engine itself failed
+    error: BaseException  # a RequestError from Engine.submit, or the engine itself failed
 
 
 Event = Admitted | RequestOutput | Failed

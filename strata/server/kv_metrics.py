@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from strata.server.snapshot import EngineSnapshot
+from strata.engine.interface import EngineSnapshot
 
 
 def ring_metrics(snap: EngineSnapshot) -> Iterator[Metric]:

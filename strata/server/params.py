@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from strata.errors import ContextLengthExceeded, RequestError
+from strata.engine.interface import Prompt, check_prompt
+from strata.errors import RequestError
 from strata.loader.tokenizer import Tokenizer
 from strata.sampling import MAX_LOGPROBS, SamplingParams
 from strata.server.errors import ModelNotFound
@@ -34,7 +35,7 @@ class ModelInfo:
 class Job:
     """One generation, ready for the engine loop."""
 
-    prompt_ids: list[int]
+    prompt: Prompt
     params: SamplingParams
     stream: bool
     include_usage: bool
@@ -84,33 +85,24 @@ def _check_max_tokens(value: int | None, param: str, info: ModelInfo) -> None:
 def _sampling(
     req: _Sampling, max_tokens: int | None, max_tokens_param: str, logprobs: int | None
 ) -> SamplingParams:
-    try:
-        return SamplingParams(
-            max_tokens=max_tokens,
-            temperature=DEFAULT_TEMPERATURE if req.temperature is None else req.temperature,
-            top_k=0 if req.top_k is None else req.top_k,
-            top_p=1.0 if req.top_p is None else req.top_p,
-            min_p=0.0 if req.min_p is None else req.min_p,
-            seed=req.seed,
-            stop=req.stop,
-            stop_token_ids=req.stop_token_ids,
-            ignore_eos=bool(req.ignore_eos),
-            logprobs=logprobs,
-        )
-    except RequestError as exc:
-        if exc.param == "max_tokens":  # name the field the client actually sent
-            exc.param = max_tokens_param
-            exc.args = (str(exc).replace("max_tokens", max_tokens_param, 1),)
-        raise
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=DEFAULT_TEMPERATURE if req.temperature is None else req.temperature,
+        top_k=0 if req.top_k is None else req.top_k,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        min_p=0.0 if req.min_p is None else req.min_p,
+        seed=req.seed,
+        stop=req.stop,
+        stop_token_ids=req.stop_token_ids,
+        ignore_eos=bool(req.ignore_eos),
+        logprobs=logprobs,
+        field_names={"max_tokens": max_tokens_param},  # the field the client actually sent
+    )
 
 
-def _check_length(prompt_ids: list[int], info: ModelInfo, param: str) -> None:
-    if not prompt_ids:
-        raise RequestError("the prompt is empty", param=param)
-    if len(prompt_ids) >= info.max_context:
-        exc = ContextLengthExceeded(len(prompt_ids), info.max_context)
-        exc.param = param
-        raise exc
+def checked(prompt_ids: list[int], info: ModelInfo, param: str) -> Prompt:
+    """The prompt checked once, here at the edge (the engine takes it as it is)."""
+    return check_prompt(prompt_ids, info.max_context, info.vocab_size, param)
 
 
 def chat_job(req: ChatCompletionRequest, info: ModelInfo) -> Job:
@@ -151,9 +143,8 @@ def chat_job(req: ChatCompletionRequest, info: ModelInfo) -> Job:
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = _sampling(req, max_tokens, param, logprobs)
     messages: list[dict[str, Any]] = [m.model_dump(exclude_none=True) for m in req.messages]
-    prompt_ids = info.tokenizer.encode_chat(messages)
-    _check_length(prompt_ids, info, "messages")
-    return Job(prompt_ids, params, bool(req.stream), _include_usage(req), logprobs is not None)
+    prompt = checked(info.tokenizer.encode_chat(messages), info, "messages")
+    return Job(prompt, params, bool(req.stream), _include_usage(req), logprobs is not None)
 
 
 def completion_job(req: CompletionRequest, info: ModelInfo) -> Job:
@@ -170,9 +161,8 @@ def completion_job(req: CompletionRequest, info: ModelInfo) -> Job:
             f"logprobs must be between 0 and {MAX_LOGPROBS}, got {req.logprobs}", param="logprobs"
         )
     params = _sampling(req, req.max_tokens, "max_tokens", req.logprobs)
-    prompt_ids = _prompt_ids(req.prompt, info)
-    _check_length(prompt_ids, info, "prompt")
-    return Job(prompt_ids, params, bool(req.stream), _include_usage(req), req.logprobs is not None)
+    prompt = checked(_prompt_ids(req.prompt, info), info, "prompt")
+    return Job(prompt, params, bool(req.stream), _include_usage(req), req.logprobs is not None)
 
 
 def _prompt_ids(prompt: str | list, info: ModelInfo) -> list[int]:
@@ -184,8 +174,6 @@ def _prompt_ids(prompt: str | list, info: ModelInfo) -> list[int]:
                 "prompt", f"a batch of {len(prompt)} prompts (send one prompt per request)"
             )
         return _prompt_ids(prompt[0], info)
-    if any(not 0 <= t < info.vocab_size for t in prompt):
-        raise RequestError(f"prompt token ids must be in [0, {info.vocab_size})", param="prompt")
     return list(prompt)
 
 

@@ -1,5 +1,5 @@
 """The HTTP routes. Handlers are thin: validate (pydantic + params), then hand over to
-`generate.respond`, or read the engine thread's latest snapshot.
+`respond.respond`, or read the engine thread's latest snapshot.
 
 Order of the checks a generation request passes (cheapest first; the middleware does the
 first ones): Host, Origin (and CORS), connection limit, API key, Content-Type, body
@@ -10,7 +10,6 @@ the chat template.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
@@ -19,11 +18,11 @@ from starlette.concurrency import run_in_threadpool
 
 from strata.server.engine_loop import EngineLoop
 from strata.server.errors import NotReady
-from strata.server.formats import ChatFormat, CompletionFormat, TokenText
-from strata.server.generate import respond
+from strata.server.formats import ChatFormat, CompletionFormat, OpenAIResponse, TokenText
 from strata.server.metrics import ServerMetrics
-from strata.server.params import ModelInfo, chat_job, completion_job
+from strata.server.params import Job, ModelInfo, chat_job, completion_job
 from strata.server.requests import ChatCompletionRequest, CompletionRequest
+from strata.server.respond import respond
 from strata.server.responses import (
     ChatCompletion,
     Completion,
@@ -72,15 +71,16 @@ STREAM = {
 router = APIRouter()
 
 
-def _format(kind: type, info: ModelInfo, want_logprobs: bool) -> partial:
+def _format(kind: type, info: ModelInfo, job: Job):
+    """`request_id -> ResponseFormat` for one OpenAI endpoint."""
     tokens = TokenText(info.tokenizer)
-    return partial(
-        kind,
-        model=info.model_id,
-        fingerprint=info.fingerprint,
-        tokens=tokens,
-        want_logprobs=want_logprobs,
-    )
+
+    def make(request_id: str) -> OpenAIResponse:
+        fmt = kind(request_id, model=info.model_id, fingerprint=info.fingerprint, tokens=tokens,
+                   want_logprobs=job.want_logprobs)
+        return OpenAIResponse(fmt, job.include_usage)
+
+    return make
 
 
 @router.post(
@@ -91,7 +91,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     info = state.loop.check_ready()
     state.loop.check_capacity()  # before tokenizing: a full server does no work for it
     job = await run_in_threadpool(chat_job, body, info)
-    fmt = _format(ChatFormat, info, job.want_logprobs)
+    fmt = _format(ChatFormat, info, job)
     return await respond(request, state.loop, job, fmt, state.settings.sse_keepalive_s)
 
 
@@ -101,7 +101,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     info = state.loop.check_ready()
     state.loop.check_capacity()  # before tokenizing: a full server does no work for it
     job = await run_in_threadpool(completion_job, body, info)
-    fmt = _format(CompletionFormat, info, job.want_logprobs)
+    fmt = _format(CompletionFormat, info, job)
     return await respond(request, state.loop, job, fmt, state.settings.sse_keepalive_s)
 
 

@@ -19,7 +19,6 @@ from typing import Literal
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict
 
-from strata.engine.session import erase_lane, restore_session, save_session
 from strata.errors import RequestError, SlotFilesOff
 from strata.server.responses import ErrorResponse
 from strata.server.routes import ERRORS
@@ -69,7 +68,7 @@ async def slot_action(
     loop = state.loop
     loop.check_ready()
     if action == "erase":
-        n = await loop.call(lambda engine: erase_lane(engine, id_slot))
+        n = await loop.call(lambda engine: engine.erase_lane(id_slot))
         return {"id_slot": id_slot, "n_erased": n}
     directory = state.settings.slot_save_path
     if directory is None:
@@ -77,9 +76,9 @@ async def slot_action(
     filename = body.filename if body is not None else None
     path = confined_path(directory, filename)
     if action == "save":
-        saved = await loop.call(lambda engine: save_session(engine, path, lane=id_slot))
+        saved = await loop.call(lambda engine: engine.save_session(path, lane=id_slot))
         return {"id_slot": id_slot, "filename": filename, "n_saved": saved.num_cells,
                 "n_written": saved.num_bytes, "timings": {"save_ms": saved.seconds * 1e3}}
-    restored = await loop.call(lambda engine: restore_session(engine, path, lane=id_slot))
+    restored = await loop.call(lambda engine: engine.restore_session(path, lane=id_slot))
     return {"id_slot": id_slot, "filename": filename, "n_restored": restored.num_cells,
             "n_read": restored.num_bytes, "timings": {"restore_ms": restored.seconds * 1e3}}

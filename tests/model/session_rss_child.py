@@ -16,7 +16,7 @@ import torch
 
 from strata.config import EngineConfig
 from strata.engine.engine import Engine
-from strata.kv.session import layer_parts
+from strata.cells.session import layer_parts
 
 CHUNK = 2048
 NUM_CELLS = 131100  # just over 2 GiB at 16 KiB per cell; not a whole number of chunks
@@ -31,7 +31,7 @@ def status(field: str) -> int:
 
 
 def fill(engine: Engine, chunk_ids: list[int], scale: float) -> None:
-    for layer, parts in enumerate(layer_parts(engine.kv)):
+    for layer, parts in enumerate(layer_parts(engine._kv)):
         for t in parts:
             for i in chunk_ids:
                 t[:, i * CHUNK : (i + 1) * CHUNK].fill_(scale * (i + 1000 * layer))
@@ -46,24 +46,24 @@ def main(model_dir: str, work_dir: str) -> None:
     fill(engine, conv.table.chunk_ids, 1.0)
     path = f"{work_dir}/big.strata"
     saved = engine.save_session(path, token_ids=tokens)
-    engine.scheduler.clear_cache()
-    fill(engine, list(range(engine.layout.pool.num_total)), 0.0)
+    engine._scheduler.clear_cache()
+    fill(engine, list(range(engine._layout.pool.num_total)), 0.0)
     gc.collect()
     before = status("VmRSS")
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # resets VmHWM (the peak RSS) to the RSS now
     restored = engine.restore_session(path)
     peak = status("VmHWM")
-    table = engine.scheduler.cache.get(restored.conv_id).table
+    table = engine._scheduler.cache.get(restored.conv_id).table
     ok = all(
         bool((t[:, i * CHUNK : i * CHUNK + 1] == conv_id_pattern).all())
-        for layer, parts in enumerate(layer_parts(engine.kv))
+        for layer, parts in enumerate(layer_parts(engine._kv))
         for t in parts
         for i in table.chunk_ids[:: max(1, len(table.chunk_ids) // 5)]
         for conv_id_pattern in [torch.tensor(float(i + 1000 * layer))]
     )
     print(json.dumps({"before": before, "peak": peak, "file_bytes": saved.num_bytes, "num_cells": restored.num_cells,
-                      "chunk_bytes": CHUNK * engine.kv.bytes_per_cell, "kv_bytes": engine.kv.num_bytes,
+                      "chunk_bytes": CHUNK * engine._kv.bytes_per_cell, "kv_bytes": engine._kv.num_bytes,
                       "pattern_ok": ok, "restore_s": restored.seconds}))
 
 

@@ -18,19 +18,19 @@ PROMPTS = ["Write one sentence about the sea.", "What is 17 times 23?", "Name th
 
 
 def run(engine: Engine, fused: bool) -> list[list[int]]:
-    ops = engine.model.ops
-    engine.model.ops = ops if fused else None
+    ops = engine._model.ops
+    engine._model.ops = ops if fused else None
     try:
         params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-        ids = [engine.add_request(engine.tokenizer.encode_chat([{"role": "user", "content": p}]), params)
+        ids = [engine.submit(engine.tokenizer.encode_chat([{"role": "user", "content": p}]), params)
                for p in PROMPTS]
         out = {i: [] for i in ids}
         for o in engine.run_until_done():
             out[o.request_id].extend(o.new_token_ids)
-        engine.scheduler.clear_cache()
+        engine._scheduler.clear_cache()
         return [out[i] for i in ids]
     finally:
-        engine.model.ops = ops
+        engine._model.ops = ops
 
 
 @pytest.mark.parametrize("pool", [None, 512])
@@ -39,5 +39,5 @@ def test_fused_and_torch_ops_decode_the_same_tokens(decode_ops, pool):
     # kv_chunk 16 with a pool: four lanes growing together interleave their chunks.
     e = Engine(EngineConfig(dtype="float32", max_context=128, batch=3, kv_chunk=16, kv_pool_tokens=pool,
                             prefill_chunk=64), progress=False)
-    assert e.model.ops is decode_ops
+    assert e._model.ops is decode_ops
     assert run(e, fused=True) == run(e, fused=False)

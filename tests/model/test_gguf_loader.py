@@ -28,6 +28,7 @@ from strata.loader import open_model
 from strata.loader.gguf_checks import FLOAT_TYPES
 from strata.models.quant import KERNEL_TYPES, quant_from_blocks
 from strata.sampling import SamplingParams
+from strata.testing import prompt_logits
 from tests.conftest import require
 from tests.model import tiny_gguf
 from tests.model.tiny_gguf import VOCAB, random_blocks, write_gguf
@@ -219,7 +220,7 @@ def engines(case) -> dict[str, Engine]:
 
 
 def greedy(engine: Engine, ids: list[int], n: int) -> list[int]:
-    rid = engine.add_request(ids, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+    rid = engine.submit(ids, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
     tokens = []
     for out in engine.run_until_done():
         assert out.error is None
@@ -287,18 +288,18 @@ def test_dense_logits_match_transformers(case, engines):
     ids = engines["dense"].tokenizer.encode(PROMPT)
     with torch.inference_mode():
         expected = case.ref(torch.tensor([ids])).logits[0].float()
-    assert_logits_close(engines["dense"].prompt_logits(ids), expected)
+    assert_logits_close(prompt_logits(engines["dense"], ids), expected)
 
 
 def test_native_logits_match_transformers(case, engines):
-    layer0 = engines["native"].model.layers[0]
+    layer0 = engines["native"]._model.layers[0]
     # Layer 0 stores q|k|v and gate|up in Q4_0/Q4_1: native mode keeps only the file's blocks.
     for proj in (layer0.qkv, layer0.gate_up):
         assert proj.quant is not None and proj.weight is None
     ids = engines["dense"].tokenizer.encode(PROMPT)
     with torch.inference_mode():
         expected = case.ref(torch.tensor([ids])).logits[0].float()
-    assert_logits_close(engines["native"].prompt_logits(ids), expected)
+    assert_logits_close(prompt_logits(engines["native"], ids), expected)
 
 
 def test_greedy_matches_transformers(case, engines):

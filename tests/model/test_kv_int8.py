@@ -12,9 +12,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-import strata.kv.quant as quant
+import strata.cells.int8 as quant
 from strata.config import EngineConfig
 from strata.engine.engine import Engine
+from strata.testing import prompt_logits
 
 MIN_TOP1 = 0.95
 CHATS = ["Write a haiku about tides.", "Why is the sky blue?", "What is 17 times 23?",
@@ -41,11 +42,11 @@ def prompts(engines):
 
 @pytest.fixture(scope="module")
 def reference(engines, prompts):
-    return [engines["f32"].prompt_logits(p).argmax(-1) for p in prompts]
+    return [prompt_logits(engines["f32"], p).argmax(-1) for p in prompts]
 
 
 def top1_agreement(engine: Engine, prompts, reference) -> float:
-    same = sum((engine.prompt_logits(p).argmax(-1) == ref).sum().item() for p, ref in zip(prompts, reference))
+    same = sum((prompt_logits(engine, p).argmax(-1) == ref).sum().item() for p, ref in zip(prompts, reference))
     return same / sum(len(p) for p in prompts)
 
 
@@ -69,8 +70,8 @@ def test_a_broken_scale_falls_below_the_bound(engines, prompts, reference, monke
 
 
 def test_the_memory_guard_counts_int8_bytes_and_scales(tiny_llama_dir, monkeypatch):
-    import strata.engine.engine as engine_module
-    from strata.kv.storage import kv_bytes_per_cell
+    import strata.engine.build as engine_module
+    from strata.cells.storage import kv_bytes_per_cell
 
     plans = {}
     for kv in ("bf16", "int8"):
@@ -79,6 +80,6 @@ def test_the_memory_guard_counts_int8_bytes_and_scales(tiny_llama_dir, monkeypat
                    progress=False)
         cfg = e.model_config
         assert plans[kv].kv_bytes == 256 * kv_bytes_per_cell(kv, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
-        assert plans[kv].kv_bytes == e.kv.num_bytes
+        assert plans[kv].kv_bytes == e._kv.num_bytes
     head_dim = e.model_config.head_dim
     assert plans["int8"].kv_bytes / plans["bf16"].kv_bytes == (head_dim + 2) / (2 * head_dim)

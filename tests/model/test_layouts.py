@@ -24,6 +24,7 @@ from strata.config import EngineConfig
 from strata.engine.engine import Engine
 from strata.sampling import SamplingParams
 from tests.model.engine_runs import run_requests
+from tests.checks import check_scheduler
 
 MAX_CONTEXT = 192
 NEW = 8
@@ -56,7 +57,7 @@ def engines(tiny_llama_dir):
                            batch=batch, prefill_chunk=13, devices=devices, kv=kv, **pool)
         engine = Engine(cfg, progress=False)
         if reads == "runs":
-            engine.runner.cells.runs_min_cells = 1
+            engine._runner.lanes.cells.runs_min_cells = 1
         return engine
 
     return get
@@ -69,7 +70,7 @@ def run(engine: Engine, prompts: list[list[int]]) -> list[list[int]]:
 
 def reference(engines, prompt: list[int], kv: str = "f32") -> list[int]:
     engine = engines(False, 4096, ("cpu",), kv=kv)
-    engine.scheduler.clear_cache()
+    engine._scheduler.clear_cache()
     return run(engine, [prompt])[0]
 
 
@@ -77,7 +78,7 @@ def reference(engines, prompt: list[int], kv: str = "f32") -> list[int]:
 @given(prompts=st.lists(prompts_st, min_size=1, max_size=4), layout=st.sampled_from(LAYOUTS))
 def test_batched_equals_one_at_a_time(engines, prompts, layout):
     engine = engines(*layout)
-    engine.scheduler.clear_cache()
+    engine._scheduler.clear_cache()
     assert run(engine, prompts) == [reference(engines, p, layout[-1]) for p in prompts]
 
 
@@ -86,17 +87,17 @@ def test_batched_equals_one_at_a_time(engines, prompts, layout):
        layout=st.sampled_from(LAYOUTS), action=st.sampled_from(["stay", "move", "park"]))
 def test_follow_up_after_move_or_park_equals_cold(engines, first, follow, layout, action):
     engine = engines(*layout)
-    engine.scheduler.clear_cache()
+    engine._scheduler.clear_cache()
     (out,) = run(engine, [first])
-    lane = next(lane.index for lane in engine.scheduler.lanes if lane.conv is not None)
+    lane = next(lane.index for lane in engine._scheduler.lanes if lane.conv is not None)
     if action == "move":
-        engine.move(lane, (lane + 2) % len(engine.scheduler.lanes))
+        engine.move(lane, (lane + 2) % len(engine._scheduler.lanes))
     elif action == "park":
         engine.park(lane)
-    engine.scheduler.check()
+    check_scheduler(engine._scheduler)
     prompt = first + out + follow
     got = run(engine, [prompt])[0]
-    assert engine.scheduler.counters.num_cached_tokens > 0
+    assert engine._scheduler.counters.num_cached_tokens > 0
     assert got == reference(engines, prompt, layout[-1])
 
 
@@ -107,7 +108,7 @@ def test_follow_up_after_move_or_park_equals_cold(engines, first, follow, layout
 def test_branch_equals_cold(engines, first, cut, branch, layout, concurrent):
     """A prompt sharing only a prefix of a cached (or still running) conversation."""
     engine = engines(*layout)
-    engine.scheduler.clear_cache()
+    engine._scheduler.clear_cache()
     prompt = first[: max(1, int(len(first) * cut))] + branch
     if concurrent:
         a, b = run(engine, [first, prompt])
@@ -128,33 +129,33 @@ def test_shared_system_prompt_equals_cold(engines, system_len, chunk, kv, arriva
     together and then adopted (engine/dedup.py); each answers token for token as it would
     alone and cold (no sharing)."""
     engine = engines(True, chunk, ("cpu",), kv=kv)
-    engine.scheduler.clear_cache()
-    cached_before = engine.scheduler.counters.num_cached_tokens
+    engine._scheduler.clear_cache()
+    cached_before = engine._scheduler.counters.num_cached_tokens
     system = [3 + (i * 7919) % 40000 for i in range(system_len)]
     prompts = [system + q for q in questions]
     if arrival == "while running":  # the first is still decoding when the others arrive
-        ids = [engine.add_request(prompts[0], GREEDY)]
+        ids = [engine.submit(prompts[0], GREEDY)]
         tokens = {ids[0]: []}
-        while not any(c.num_cells > system_len for c in engine.scheduler.cache):
+        while not any(c.num_cells > system_len for c in engine._scheduler.cache):
             for out in engine.step():
                 tokens[out.request_id].extend(out.new_token_ids)
-        ids += [engine.add_request(p, GREEDY) for p in prompts[1:]]
+        ids += [engine.submit(p, GREEDY) for p in prompts[1:]]
         tokens.update({i: [] for i in ids[1:]})
         shared = 0
         while engine.has_work:
             for out in engine.step():
                 assert out.error is None and not out.truncated
                 tokens[out.request_id].extend(out.new_token_ids)
-            engine.scheduler.check()
-            shared = max(shared, engine.scheduler.stats().num_chunks_shared)
+            check_scheduler(engine._scheduler)
+            shared = max(shared, engine._scheduler.stats().num_chunks_shared)
         got = [tokens[i] for i in ids]
     elif arrival == "together":
         got = run(engine, prompts)
-        shared = engine.scheduler.stats().num_chunks_shared
+        shared = engine._scheduler.stats().num_chunks_shared
     else:
         got = [run(engine, [p])[0] for p in prompts]
-        shared = engine.scheduler.stats().num_chunks_shared
+        shared = engine._scheduler.stats().num_chunks_shared
     if arrival != "together":
-        assert engine.scheduler.counters.num_cached_tokens - cached_before >= (len(prompts) - 1) * system_len
+        assert engine._scheduler.counters.num_cached_tokens - cached_before >= (len(prompts) - 1) * system_len
     assert shared >= system_len // chunk  # the system prompt's full chunks, held once
     assert got == [reference(engines, p, kv) for p in prompts]

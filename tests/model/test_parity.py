@@ -9,6 +9,7 @@ from strata.config import EngineConfig
 from strata.engine.engine import Engine
 from strata.llm import LLM
 from strata.sampling import SamplingParams
+from strata.testing import prompt_logits
 from tests.conftest import make_tiny_model, require
 
 transformers = require("transformers")
@@ -49,7 +50,7 @@ def test_tiny_logits_match_transformers(tiny, smol_tokenizer):
     # and is read in pieces that attend to K/V written by earlier pieces.
     engine = Engine(EngineConfig(model=path, dtype="float32", max_context=256, kv_chunk=16, prefill_chunk=7),
                     progress=False)
-    assert_logits_close(engine.prompt_logits(ids), expected)
+    assert_logits_close(prompt_logits(engine, ids), expected)
 
 
 def test_tiny_greedy_matches_transformers(tiny, smol_tokenizer):
@@ -85,7 +86,7 @@ def test_smollm2_gguf_logits_match_transformers(smol, smol_tokenizer):
     assert len(ids) == 64
     with torch.inference_mode():
         expected = ref(torch.tensor([ids])).logits[0].float()
-    assert_logits_close(llm.engine.prompt_logits(ids), expected)
+    assert_logits_close(prompt_logits(llm.engine, ids), expected)
 
 
 @pytest.mark.parametrize("question", ["What is the capital of France?", "Écris une phrase sur la mer."])

@@ -34,7 +34,7 @@ def engine(**kw) -> Engine:
 
 
 def greedy(e: Engine, n: int = 24) -> list[int]:
-    e.add_request("Write one sentence about the sea.", SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+    e.submit("Write one sentence about the sea.", SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
     return [t for out in e.run_until_done() for t in out.new_token_ids]
 
 
@@ -55,15 +55,15 @@ def tensors(model) -> list[torch.Tensor]:
 def test_the_second_start_maps_the_same_model_from_the_cache(cache):
     require_default_model()
     first = engine()
-    assert not first.loaded_from_cache and len(os.listdir(cache)) == 1
+    assert not first.info.loaded_from_cache and len(os.listdir(cache)) == 1
     second = engine(max_context=160)  # another --max-context shares the entry (rotary rebuilt)
-    assert second.loaded_from_cache
-    assert second.model.rotary[torch.device("cpu")].cos.shape[0] == 160
-    a, b = tensors(first.model), tensors(second.model)
+    assert second.info.loaded_from_cache
+    assert second._model.rotary[torch.device("cpu")].cos.shape[0] == 160
+    a, b = tensors(first._model), tensors(second._model)
     assert len(a) == len(b) > 180 and all(torch.equal(x, y) for x, y in zip(a, b))
     assert second.tokenizer.encode("Hello, sea!") == first.tokenizer.encode("Hello, sea!")
     assert second.tokenizer.chat_template == first.tokenizer.chat_template
-    assert second.fingerprint == first.fingerprint and second.model_config == first.model_config
+    assert second.info.fingerprint == first.info.fingerprint and second.model_config == first.model_config
     assert greedy(second) == greedy(first)
 
 
@@ -72,10 +72,10 @@ def test_native_weights_map_back_from_the_cache(cache):
     require_default_model()
     first = engine(weights="native")
     second = engine(weights="native")
-    assert not first.loaded_from_cache and second.loaded_from_cache
-    a, b = tensors(first.model), tensors(second.model)
+    assert not first.info.loaded_from_cache and second.info.loaded_from_cache
+    a, b = tensors(first._model), tensors(second._model)
     assert any(t.dtype == torch.uint8 for t in b) and all(torch.equal(x, y) for x, y in zip(a, b))
-    assert second.model.layers[0].qkv.weight is None and second.model.layers[0].qkv.quant is not None
+    assert second._model.layers[0].qkv.weight is None and second._model.layers[0].qkv.quant is not None
     assert greedy(second) == greedy(first)
 
 
@@ -83,7 +83,7 @@ def test_another_build_is_another_entry(cache):
     require_default_model()
     engine()
     e = engine(weights="dense")
-    assert not e.loaded_from_cache and len(os.listdir(cache)) == 2
+    assert not e.info.loaded_from_cache and len(os.listdir(cache)) == 2
 
 
 def test_a_damaged_entry_is_rebuilt(cache, caplog):
@@ -94,8 +94,8 @@ def test_a_damaged_entry_is_rebuilt(cache, caplog):
         f.truncate(1000)
     with caplog.at_level(logging.WARNING, logger="strata.loader"):
         e = engine()
-    assert not e.loaded_from_cache and "unreadable" in caplog.text
-    assert engine().loaded_from_cache  # the rebuilt entry is whole again
+    assert not e.info.loaded_from_cache and "unreadable" in caplog.text
+    assert engine().info.loaded_from_cache  # the rebuilt entry is whole again
 
 
 def test_keys_follow_the_file_and_the_build(cache, tmp_path):

@@ -66,12 +66,12 @@ def engines(tiny_llama_dir):
 
 
 def run(engine: Engine, prompts: list[list[int]]) -> list[list[int]]:
-    return run_requests(engine, prompts, GREEDY, lambda e: e.ring is not None and e.ring.residency.check())
+    return run_requests(engine, prompts, GREEDY, lambda e: e._ring is not None and e._ring.residency.check())
 
 
 def reference(engines, prompt: list[int], kv: str) -> list[int]:
     engine = engines(False, 64, False, kv, None)
-    engine.scheduler.clear_cache()
+    engine._scheduler.clear_cache()
     return run(engine, [prompt])[0]
 
 
@@ -79,7 +79,7 @@ def reference(engines, prompt: list[int], kv: str) -> list[int]:
 @given(prompts=st.lists(prompts_st, min_size=1, max_size=3), ring=st.sampled_from(RINGS))
 def test_batched_through_the_ring_equals_no_ring(engines, prompts, ring):
     engine = engines(*ring)
-    engine.scheduler.clear_cache()
+    engine._scheduler.clear_cache()
     assert run(engine, prompts) == [reference(engines, p, ring[3]) for p in prompts]
 
 
@@ -88,7 +88,7 @@ def test_batched_through_the_ring_equals_no_ring(engines, prompts, ring):
        ring=st.sampled_from(RINGS), action=st.sampled_from(["stay", "move", "park", "branch"]))
 def test_follow_up_through_the_ring_equals_cold(engines, first, follow, ring, action):
     engine = engines(*ring)
-    engine.scheduler.clear_cache()
+    engine._scheduler.clear_cache()
     (out,) = run(engine, [first])
     prompt = first + out + follow
     move_or_park(engine, action)
@@ -99,10 +99,10 @@ def test_follow_up_through_the_ring_equals_cold(engines, first, follow, ring, ac
 
 def _cells(engine: Engine, layer: int, lane: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The pool's K and V of lane `lane`'s conversation in `layer`, positions in order."""
-    conv = engine.scheduler.lanes[lane].conv
-    c = engine.kv.chunk_size
+    conv = engine._scheduler.lanes[lane].conv
+    c = engine._kv.chunk_size
     index = torch.tensor([conv.table.chunk_ids[p // c] * c + p % c for p in range(conv.num_cells)])
-    k, v = engine.kv.k[layer], engine.kv.v[layer]
+    k, v = engine._kv.k[layer].data, engine._kv.v[layer].data
     return k[:, index].float(), v[:, index].float()
 
 
@@ -115,14 +115,14 @@ def test_the_pool_copy_is_complete_after_park_move_and_evictions(engines, pooled
     ringed, plain = engines(pooled, 16, False, "f32", 1), engines(pooled, 16, False, "f32", None)
     a, b = list(range(100, 160)), list(range(300, 341))
     for engine in (ringed, plain):
-        engine.scheduler.clear_cache()
+        engine._scheduler.clear_cache()
         run(engine, [a, b])
-        lanes = [ln.index for ln in engine.scheduler.lanes if ln.conv is not None]
+        lanes = [ln.index for ln in engine._scheduler.lanes if ln.conv is not None]
         engine.move(lanes[0], 2)
         engine.park(lanes[1])
-    stats = ringed.ring.stats()
-    assert stats["pages_streamed"] > 0 and ringed.ring.counters.pages_admitted >= 2
-    for layer in range(ringed.kv.num_layers):
+    stats = ringed._ring.stats()
+    assert stats["pages_streamed"] > 0 and ringed._ring.counters.pages_admitted >= 2
+    for layer in range(ringed._kv.num_layers):
         k1, v1 = _cells(ringed, layer, 2)
         k2, v2 = _cells(plain, layer, 2)
         assert k1.shape[1] == len(a) + NEW - 1
@@ -134,14 +134,14 @@ def test_the_pool_copy_is_complete_after_park_move_and_evictions(engines, pooled
 def test_resident_pages_match_the_pool_exactly(engines):
     """Every page the arena holds is a copy of its pool cells, bit for bit (write-through)."""
     engine = engines(True, 16, False, "f32", 3, "lrfu")
-    engine.scheduler.clear_cache()
+    engine._scheduler.clear_cache()
     run(engine, [list(range(500, 590)), list(range(700, 733))])
-    ring = engine.ring
+    ring = engine._ring
     assert ring.residency.num_resident > 0
     for page, slot in ring.residency.slot_of.items():
-        for layer in range(engine.kv.num_layers):
-            host = engine.kv.k[layer][:, page * PAGE : (page + 1) * PAGE]
-            dev = ring.arena_k[layer][:, slot * PAGE : (slot + 1) * PAGE]
+        for layer in range(engine._kv.num_layers):
+            host = engine._kv.k[layer].data[:, page * PAGE : (page + 1) * PAGE]
+            dev = ring.arena_k[layer].data[:, slot * PAGE : (slot + 1) * PAGE]
             assert torch.equal(host, dev.cpu())
 
 
@@ -152,10 +152,10 @@ def test_default_model_long_prompt_through_a_small_ring(gguf_path):
     for ring in ({}, {"kv_resident": 256, "kv_page": 64, "kv_ring_adapt": False}):
         engine = Engine(EngineConfig(model=gguf_path, dtype="float32", max_context=1024, kv_chunk=256,
                                      devices=(DEVICE,) if ring else ("cpu",), **ring), progress=False)
-        engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=12))
+        engine.submit(prompt, SamplingParams(temperature=0, max_tokens=12))
         out[bool(ring)] = [t for o in engine.run_until_done() for t in o.new_token_ids]
         if ring:
-            assert engine.ring.stats()["pages_streamed"] > 0
+            assert engine._ring.stats()["pages_streamed"] > 0
     assert out[True] == out[False] and len(out[True]) > 0
 
 
@@ -171,11 +171,11 @@ def test_a_move_keeps_the_ring_when_pooled_and_refills_it_when_reserved(tiny_lla
                                  devices=(DEVICE,), **pool), progress=False)
     first = list(range(900, 940))
     (out,) = run(engine, [first])
-    lane = next(ln.index for ln in engine.scheduler.lanes if ln.conv is not None)
+    lane = next(ln.index for ln in engine._scheduler.lanes if ln.conv is not None)
     engine.move(lane, (lane + 1) % 3)
-    before = engine.ring.counters.pages_admitted
+    before = engine._ring.counters.pages_admitted
     run(engine, [first + out + list(range(60, 65))])
-    assert engine.ring.counters.pages_admitted - before == admitted
+    assert engine._ring.counters.pages_admitted - before == admitted
 
 
 
@@ -190,13 +190,13 @@ def test_an_ended_request_gives_its_ring_back_to_the_budget(tiny_llama_dir):
                                  batch=2, prefill_chunk=13, kv_resident=96, kv_page=PAGE, kv_ring_default=32,
                                  kv_ring_adapt=True, kv_ring_budget=96 + 32, devices=(DEVICE,)), progress=False)
     params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
-    lanes = engine.ring.counters.lanes
+    lanes = engine._ring.counters.lanes
 
     def long(request_id: str, start: int) -> None:
-        engine.add_request(list(range(start, start + 80)), params, request_id)
+        engine.submit(list(range(start, start + 80)), params, request_id)
 
     for i in range(3):
-        engine.add_request([7 + i, 8, 9], SamplingParams(temperature=0, max_tokens=2), f"short-{i}")
+        engine.submit([7 + i, 8, 9], SamplingParams(temperature=0, max_tokens=2), f"short-{i}")
     engine.run_until_done()
     long("a", 100)
     engine.run_until_done()
@@ -204,9 +204,9 @@ def test_an_ended_request_gives_its_ring_back_to_the_budget(tiny_llama_dir):
     engine.run_until_done()
     ring_of = {r.request_id: (lane, r.ring_cells) for lane, r in lanes.items()}
     assert ring_of["a"][0] != ring_of["b"][0] and ring_of["a"][1] == ring_of["b"][1] == 96
-    assert engine.ring.counters.budget_fallbacks == 0
+    assert engine._ring.counters.budget_fallbacks == 0
     long("c", 300)
     long("d", 400)
     engine.run_until_done()
     assert sorted(r.ring_cells for r in lanes.values() if r.request_id in ("c", "d")) == [32, 96]
-    assert engine.ring.counters.budget_fallbacks == 1
+    assert engine._ring.counters.budget_fallbacks == 1

@@ -14,6 +14,7 @@ import pytest
 from strata.config import EngineConfig
 from strata.engine.engine import Engine
 from strata.sampling import SamplingParams
+from tests.checks import check_scheduler
 
 MAX_CONTEXT = 160
 GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
@@ -29,7 +30,7 @@ def make_engine(model_dir: str, pooled: bool, chunk: int, devices=("cpu",), kv: 
 
 
 def generate(engine: Engine, prompt: list[int]) -> tuple[list[int], int]:
-    request_id = engine.add_request(prompt, GREEDY)
+    request_id = engine.submit(prompt, GREEDY)
     tokens, cached = [], None
     while engine.has_work:
         for out in engine.step():
@@ -37,7 +38,7 @@ def generate(engine: Engine, prompt: list[int]) -> tuple[list[int], int]:
             if out.request_id == request_id:
                 tokens += out.new_token_ids
                 cached = out.num_cached_tokens
-        engine.scheduler.check()
+        check_scheduler(engine._scheduler)
     return tokens, cached
 
 
@@ -47,9 +48,9 @@ def reference(tiny_llama_dir):
     def run(kv: str) -> tuple[list[int], list[int], list[int]]:
         engine = make_engine(tiny_llama_dir, False, 4096, kv=kv)
         out1, _ = generate(engine, TURN1)
-        engine.scheduler.clear_cache()
+        engine._scheduler.clear_cache()
         out2, _ = generate(engine, TURN1 + out1 + TURN2)
-        engine.scheduler.clear_cache()
+        engine._scheduler.clear_cache()
         branch, _ = generate(engine, TURN1[:20] + TURN2)
         return out1, out2, branch
     return {kv: run(kv) for kv in ("f32", "int8")}
@@ -80,7 +81,7 @@ def test_round_trip_in_a_new_engine(tiny_llama_dir, reference, tmp_path, saver, 
     b = make_engine(tiny_llama_dir, restorer[0], restorer[1], devices=saver[2], kv=kv)
     restored = b.restore_session(path, lane=1)  # saved from lane 0, restored into lane 1
     assert (restored.num_cells, restored.lane) == (len(history), 1)
-    b.scheduler.check()
+    check_scheduler(b._scheduler)
     out2, cached = generate(b, TURN1 + out1 + TURN2)
     assert out2 == out2_ref
     assert cached == len(history)
@@ -94,11 +95,11 @@ def test_round_trip_in_the_same_engine_parked(tiny_llama_dir, reference, tmp_pat
     out1, _ = generate(e, TURN1)
     path = str(tmp_path / "s.strata")
     e.save_session(path, lane=0)
-    e.scheduler.clear_cache()
-    assert e.layout.pool.num_held == 0
+    e._scheduler.clear_cache()
+    assert e._layout.pool.num_held == 0
     restored = e.restore_session(path)
     assert restored.lane is None and not restored.verified_first  # parked; nothing had to give way
-    conv = e.scheduler.cache.get(restored.conv_id)
+    conv = e._scheduler.cache.get(restored.conv_id)
     assert conv.checkpoints == [0] and conv.token_ids == TURN1 + out1[:-1]
     out2, cached = generate(e, TURN1 + out1 + TURN2)
     assert out2 == out2_ref and cached == len(TURN1) + len(out1) - 1
@@ -111,9 +112,9 @@ def test_a_busy_lane_is_neither_saved_nor_replaced(tiny_llama_dir, tmp_path):
     generate(e, TURN1)
     path = str(tmp_path / "s.strata")
     e.save_session(path, lane=0)
-    request_id = e.add_request(TURN1 + TURN2, GREEDY)
+    request_id = e.submit(TURN1 + TURN2, GREEDY)
     e.step()  # a request extends a conversation in this lane now
-    lane = e.scheduler.seqs[request_id].lane
+    lane = e._scheduler.seqs[request_id].lane
     with pytest.raises(LaneBusy):
         e.save_session(str(tmp_path / "t.strata"), lane=lane)
     with pytest.raises(LaneBusy):
@@ -142,7 +143,7 @@ def test_checkpoints_survive_the_file_through_the_python_api(tiny_llama_dir, tmp
     b = LLM(tiny_llama_dir, **options)
     restored = b.restore_session(path)
     assert restored.num_cells == saved.num_cells == len(second.prompt_token_ids) + len(second.token_ids) - 1
-    assert b.engine.scheduler.cache.get(restored.conv_id).checkpoints == [0, turn2_start]
+    assert b.engine._scheduler.cache.get(restored.conv_id).checkpoints == [0, turn2_start]
     branch_prompt = list(second.prompt_token_ids[:turn2_start]) + [900, 901, 902]
     branch = b.generate(branch_prompt, GREEDY)[0]
     assert branch.num_cached_tokens == turn2_start

@@ -22,11 +22,12 @@ from tests.conftest import make_tiny_model
 from strata.config import EngineConfig
 from strata.engine.engine import Engine
 from strata.errors import SessionFileError
-from strata.kv.session import layer_parts
+from strata.cells.session import layer_parts
 from strata.kv.session_format import CRC, PREFIX, crc32, read_header
 from strata.loader.fingerprint import weights_fingerprint
 from strata.loader.hf_dir import hf_model_config
 from strata.sampling import SamplingParams
+from tests.checks import check_scheduler
 
 GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
 CHUNK = 16
@@ -39,24 +40,24 @@ def engine(model_dir: str, pool_chunks: int | None, kv: str = "f32") -> Engine:
 
 
 def converse(e: Engine, prompt: list[int]) -> None:
-    e.add_request(prompt, GREEDY)
+    e.submit(prompt, GREEDY)
     e.run_until_done()
 
 
 def state(e: Engine) -> dict:
-    pool, cache = e.layout.pool, e.scheduler.cache
+    pool, cache = e._layout.pool, e._scheduler.cache
     convs = sorted(
         (c.conv_id, tuple(c.token_ids), tuple(c.checkpoints), c.lane, c.last_used, c.is_active,
          tuple(c.table.chunk_ids), c.table.num_cells)
         for c in cache
     )
     held = sorted({i for c in cache for i in c.table.chunk_ids})
-    kv = [t[:, i * CHUNK : (i + 1) * CHUNK].clone() for layer in layer_parts(e.kv) for t in layer for i in held]
+    kv = [t[:, i * CHUNK : (i + 1) * CHUNK].clone() for layer in layer_parts(e._kv) for t in layer for i in held]
     return {
         "free": pool.free_ids(), "refcounts": [pool.refcount(i) for i in range(pool.num_total)],
         "num_held": pool.num_held, "conversations": convs, "next_id": cache._next_id,
-        "lanes": [(lane.conv and lane.conv.conv_id, lane.seq) for lane in e.scheduler.lanes],
-        "counters": e.scheduler.counters, "kv": kv,
+        "lanes": [(lane.conv and lane.conv.conv_id, lane.seq) for lane in e._scheduler.lanes],
+        "counters": e._scheduler.counters, "kv": kv,
     }
 
 
@@ -137,7 +138,7 @@ def test_every_bad_file_leaves_the_engine_as_it_was(tiny_llama_dir, files, pool_
     converse(e, list(range(400, 410)) + list(range(500, 520)))  # lane 1
     if pool_chunks:
         e.park(1)  # parked: 3 chunks
-    e.scheduler.check()
+    check_scheduler(e._scheduler)
     before = state(e)
     for name in BAD:
         with pytest.raises(SessionFileError) as err:
@@ -145,11 +146,11 @@ def test_every_bad_file_leaves_the_engine_as_it_was(tiny_llama_dir, files, pool_
         assert str(err.value).startswith(f"session file {files[name]}: "), name
         assert same(state(e), before), name
         before = state(e)
-    e.scheduler.check()
+    check_scheduler(e._scheduler)
     restored = e.restore_session(files["good"], lane=lane)  # the control: a good file changes the state
     assert restored.verified_first == (pool_chunks == 7 or pool_chunks is None)
     assert not same(state(e), before)
-    e.scheduler.check()
+    check_scheduler(e._scheduler)
 
 
 def test_a_rollback_after_streaming_gives_back_every_chunk(tiny_llama_dir, files):
@@ -158,14 +159,14 @@ def test_a_rollback_after_streaming_gives_back_every_chunk(tiny_llama_dir, files
     converse(e, list(range(300, 330)))
     before = state(e)
     taken = []  # the chunks the restore took, seen as it took them
-    real = e.scheduler.take_restore
+    real = e._scheduler.lanes.take_restore
 
     def take(plan):
         table = real(plan)
         taken.append(list(table.chunk_ids))
         return table
 
-    e.scheduler.take_restore = take
+    e._scheduler.lanes.take_restore = take
     with pytest.raises(SessionFileError, match="record 2 .*checksum mismatch"):
         e.restore_session(files["flipped byte in last record"])
     assert taken == [[6, 7, 8]] and same(state(e), before)  # a new run halfway into the free ids 3..11

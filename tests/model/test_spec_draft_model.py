@@ -47,11 +47,11 @@ def engines(tiny_llama_dir, qwen_dir):
 
 
 def run(engine: Engine, prompts: list[list[int]]) -> list[list[int]]:
-    return run_requests(engine, prompts, GREEDY, tables_are_tight if engine.layout.is_pooled else None)
+    return run_requests(engine, prompts, GREEDY, tables_are_tight if engine._layout.holds_parked else None)
 
 
 def counters(engine: Engine):
-    return engine.scheduler.drafts.counters
+    return engine._scheduler.drafts.counters
 
 
 @settings(max_examples=24, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -60,7 +60,7 @@ def counters(engine: Engine):
 def test_greedy_with_a_draft_model_equals_without(engines, prompts, pooled, chunk, draft):
     spec, plain = engines(pooled, chunk, draft), engines(pooled, chunk, None)
     for e in (spec, plain):
-        e.scheduler.clear_cache()
+        e._scheduler.clear_cache()
     before = counters(spec).num_accepted, counters(spec).num_drafted
     assert run(spec, prompts) == run(plain, prompts)
     accepted, drafted = counters(spec).num_accepted - before[0], counters(spec).num_drafted - before[1]
@@ -76,12 +76,12 @@ def test_the_drafters_state_follows_a_move_or_park(engines, first, follow, poole
     spec, plain = engines(pooled, 16, "self"), engines(pooled, 16, None)
     results = []
     for e in (plain, spec):
-        e.scheduler.clear_cache()
+        e._scheduler.clear_cache()
         (out,) = run(e, [first])
         move_or_park(e, action)
         results.append((out, run(e, [first + out + follow])[0]))
     assert results[0] == results[1]
-    conv = next(c for c in spec.scheduler.cache if c.token_ids[: len(first)] == first)
+    conv = next(c for c in spec._scheduler.cache if c.token_ids[: len(first)] == first)
     assert conv.draft_cells > len(first)  # the follow-up fed on from the moved/parked drafter K/V
 
 

@@ -58,7 +58,7 @@ def run(engine: Engine, prompts: list[list[int]], params: SamplingParams = GREED
 
 def with_oracle(engine: Engine, wrong_every: int = 3) -> OracleDrafter:
     oracle = OracleDrafter(wrong_every)
-    engine.scheduler.drafts.drafter = oracle
+    engine._scheduler.drafts.drafter = oracle
     return oracle
 
 
@@ -68,13 +68,13 @@ def with_oracle(engine: Engine, wrong_every: int = 3) -> OracleDrafter:
 def test_drafts_give_the_same_greedy_tokens(engines, prompts, layout, wrong_every):
     spec, plain = engines(*layout, "ngram"), engines(*layout, "off")
     for e in (spec, plain):
-        e.scheduler.clear_cache()
+        e._scheduler.clear_cache()
     want = run(plain, prompts)
     oracle = with_oracle(spec, wrong_every)
     oracle.reference = [p + out for p, out in zip(prompts, want)]
-    before = spec.scheduler.drafts.counters.num_accepted
+    before = spec._scheduler.drafts.counters.num_accepted
     assert run(spec, prompts) == want
-    assert spec.scheduler.drafts.counters.num_accepted > before  # drafts were verified and kept
+    assert spec._scheduler.drafts.counters.num_accepted > before  # drafts were verified and kept
 
 
 @settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -85,7 +85,7 @@ def test_follow_up_after_move_or_park_with_drafts(engines, first, follow, layout
     oracle = with_oracle(spec)
     results = []
     for e in (plain, spec):
-        e.scheduler.clear_cache()
+        e._scheduler.clear_cache()
         (out,) = run(e, [first])
         move_or_park(e, action)
         second = first + out + follow
@@ -95,8 +95,8 @@ def test_follow_up_after_move_or_park_with_drafts(engines, first, follow, layout
 
 
 def pool_state(engine: Engine) -> tuple:
-    pool = engine.layout.pool
-    tables = sorted((tuple(c.table.chunk_ids), c.table.num_cells, tuple(c.token_ids)) for c in engine.scheduler.cache)
+    pool = engine._layout.pool
+    tables = sorted((tuple(c.table.chunk_ids), c.table.num_cells, tuple(c.token_ids)) for c in engine._scheduler.cache)
     return list(pool._free), list(pool._refcounts), tables
 
 
@@ -112,7 +112,7 @@ def test_rollback_leaves_the_pool_as_a_run_that_never_drafted(tiny_llama_dir, po
             with_oracle(engine).reference = [p + out for p, out in zip(prompts, want)]
         got = run(engine, prompts, tight=pooled)
         if spec == "ngram":
-            c = engine.scheduler.drafts.counters
+            c = engine._scheduler.drafts.counters
             assert got == want and c.num_drafted > c.num_accepted > 0  # some drafts rejected, some kept
         want = got
         states.append(pool_state(engine))
@@ -128,14 +128,14 @@ def test_k_falls_to_zero_when_every_draft_is_rejected(tiny_llama_dir):
     plain = Engine(EngineConfig(model=tiny_llama_dir, dtype="float32", max_context=512), progress=False)
     (out,) = run(plain, [prompt], SamplingParams(temperature=0, max_tokens=120, ignore_eos=True))
     with_oracle(engine, wrong_every=1).reference = [prompt + out]
-    rid = engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=120, ignore_eos=True))
+    rid = engine.submit(prompt, SamplingParams(temperature=0, max_tokens=120, ignore_eos=True))
     ks, got = [], []
     while engine.has_work:
-        seq = engine.scheduler.seqs.get(rid)
+        seq = engine._scheduler.seqs.get(rid)
         if seq is not None and seq.spec is not None:
             ks.append(seq.spec.k.k())
         got += [t for o in engine.step() for t in o.new_token_ids]
-    c = engine.scheduler.drafts.counters
+    c = engine._scheduler.drafts.counters
     assert got == out and c.num_accepted == 0 and c.num_drafted > 0
     assert ks[-64:].count(0) >= 60  # probes only: k = 1 once in 32 steps
 
@@ -146,10 +146,10 @@ def test_default_model_greedy_with_drafts_equals_without(gguf_path):
     out = {}
     for spec in ("ngram", "off"):
         engine = Engine(EngineConfig(model=gguf_path, dtype="float32", max_context=1024, spec=spec), progress=False)
-        engine.add_request(engine.tokenizer.encode_chat(messages), SamplingParams(temperature=0, max_tokens=40))
+        engine.submit(engine.tokenizer.encode_chat(messages), SamplingParams(temperature=0, max_tokens=40))
         outs = engine.run_until_done()
         out[spec] = [t for o in outs for t in o.new_token_ids]
         if spec == "ngram":
-            assert engine.scheduler.drafts.counters.num_accepted > 10
+            assert engine._scheduler.drafts.counters.num_accepted > 10
             assert outs[-1].timings.draft_n >= outs[-1].timings.draft_n_accepted > 10
     assert out["ngram"] == out["off"]

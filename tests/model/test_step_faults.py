@@ -15,6 +15,7 @@ from strata.config import EngineConfig
 from strata.engine.engine import Engine
 from strata.errors import StepFailed
 from strata.sampling import SamplingParams
+from tests.checks import check_scheduler
 
 GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
 P = [5, 17, 923, 88, 1200, 41, 7, 7, 301, 12, 99, 640, 3, 18, 250, 777, 31, 2024, 6]  # 19 tokens
@@ -33,7 +34,7 @@ def run_all(engine: Engine) -> dict:
     outs = {}
     for out in engine.run_until_done():
         outs.setdefault(out.request_id, []).append(out)
-        engine.scheduler.check()
+        check_scheduler(engine._scheduler)
     return outs
 
 
@@ -42,25 +43,25 @@ def tokens(outs: list) -> list[int]:
 
 
 def pool_scan(engine: Engine) -> tuple:
-    pool = engine.layout.pool
+    pool = engine._layout.pool
     return [pool.refcount(i) for i in range(pool.num_total)], pool.free_ids()
 
 
 def conversations(engine: Engine) -> list[tuple[int, ...]]:
-    return sorted(tuple(c.token_ids) for c in engine.scheduler.cache)
+    return sorted(tuple(c.token_ids) for c in engine._scheduler.cache)
 
 
 @pytest.fixture(scope="module")
 def reference(tiny_llama_dir):
     """A fresh engine that never failed: P's turn, then the greedy tokens of each request."""
     engine = make_engine(tiny_llama_dir)
-    engine.add_request(P, GREEDY, "p")
+    engine.submit(P, GREEDY, "p")
     p_out = tokens(run_all(engine)["p"])
     after_p = (pool_scan(engine), conversations(engine))
     alone = {}
     for name, prompt in (("a", A), ("b", B), ("w", W), ("p2", P + p_out + [50, 51]), ("br", P[:10] + [9])):
         fresh = make_engine(tiny_llama_dir)
-        fresh.add_request(prompt, GREEDY, name)
+        fresh.submit(prompt, GREEDY, name)
         alone[name] = tokens(run_all(fresh)[name])
     return p_out, after_p, alone
 
@@ -69,7 +70,7 @@ def engine_after_p(model_dir: str, reference) -> Engine:
     """A fresh engine that has run P's turn, checked against the reference run."""
     p_out, after_p, _ = reference
     engine = make_engine(model_dir)
-    engine.add_request(P, GREEDY, "p")
+    engine.submit(P, GREEDY, "p")
     assert tokens(run_all(engine)["p"]) == p_out
     assert (pool_scan(engine), conversations(engine)) == after_p
     return engine
@@ -94,12 +95,12 @@ def test_a_fault_in_the_forward_ends_only_that_steps_requests(tiny_llama_dir, re
     p_out, after_p, alone = reference
     engine = engine_after_p(tiny_llama_dir, reference)
 
-    engine.add_request(A, GREEDY, "a")
-    engine.add_request(B, GREEDY, "b")
-    engine.add_request(W, GREEDY, "w")  # waits: a and b take both lanes (p gives way, parked)
+    engine.submit(A, GREEDY, "a")
+    engine.submit(B, GREEDY, "b")
+    engine.submit(W, GREEDY, "w")  # waits: a and b take both lanes (p gives way, parked)
     first = engine.step()  # a and b read their prompts; their first tokens come out
     assert {o.request_id for o in first} == {"a", "b"}
-    calls = fail_on_call(monkeypatch, engine.runner.model, "forward", lambda n, _: n == 1)
+    calls = fail_on_call(monkeypatch, engine._runner.model, "forward", lambda n, _: n == 1)
     with caplog.at_level(logging.ERROR, logger="strata"):
         failed = engine.step()
     assert calls[0] == 1
@@ -108,19 +109,19 @@ def test_a_fault_in_the_forward_ends_only_that_steps_requests(tiny_llama_dir, re
         assert o.finished and o.finish_reason == "error" and isinstance(o.error, StepFailed)
         assert o.error.error_id in caplog.text  # the details are in the log under its id
         assert "device lost" not in str(o.error)  # the client sees a short message only
-    assert set(engine.requests) == {"w"} and engine.scheduler.counters.num_failed_steps == 1
-    engine.scheduler.check()
+    assert set(engine._requests) == {"w"} and engine._scheduler.counters.num_failed_steps == 1
+    check_scheduler(engine._scheduler)
 
     outs = run_all(engine)  # the engine carries on: w was never touched
     assert tokens(outs["w"]) == alone["w"]
     assert (pool_scan(engine), conversations(engine)) != after_p  # w's turn is cached too
-    engine.scheduler.clear_cache()
-    engine.add_request(P, GREEDY, "p")
+    engine._scheduler.clear_cache()
+    engine.submit(P, GREEDY, "p")
     assert tokens(run_all(engine)["p"]) == p_out
     assert pool_scan(engine) == after_p[0]  # a, b and w left nothing behind
 
-    engine.add_request(P + p_out + [50, 51], GREEDY, "p2")
-    engine.add_request(A, GREEDY, "a")
+    engine.submit(P + p_out + [50, 51], GREEDY, "p2")
+    engine.submit(A, GREEDY, "a")
     outs = run_all(engine)
     assert tokens(outs["p2"]) == alone["p2"] and tokens(outs["a"]) == alone["a"]
 
@@ -129,18 +130,18 @@ def test_a_fault_in_the_copies_keeps_the_source_and_frees_the_branch(tiny_llama_
     p_out, after_p, alone = reference
     engine = engine_after_p(tiny_llama_dir, reference)
 
-    engine.add_request(P[:10] + [9], GREEDY, "br")  # a fork: copies P's partial first chunk
-    calls = fail_on_call(monkeypatch, engine.kv, "copy_cells", lambda n, args: bool(args[0]))
+    engine.submit(P[:10] + [9], GREEDY, "br")  # a fork: copies P's partial first chunk
+    calls = fail_on_call(monkeypatch, engine._kv, "copy_cells", lambda n, args: bool(args[0]))
     failed = engine.step()
     assert calls[0] == 1
     assert [(o.request_id, o.finish_reason) for o in failed] == [("br", "error")]
     assert isinstance(failed[0].error, StepFailed)
     assert (pool_scan(engine), conversations(engine)) == after_p
-    engine.scheduler.check()
+    check_scheduler(engine._scheduler)
 
     monkeypatch.undo()
-    engine.add_request(P[:10] + [9], GREEDY, "br")
-    engine.add_request(P + p_out + [50, 51], GREEDY, "p2")
+    engine.submit(P[:10] + [9], GREEDY, "br")
+    engine.submit(P + p_out + [50, 51], GREEDY, "p2")
     outs = run_all(engine)
     assert tokens(outs["br"]) == alone["br"] and tokens(outs["p2"]) == alone["p2"]
 
@@ -149,13 +150,13 @@ def test_a_fault_while_extending_a_parked_conversation_keeps_the_turn_it_found(t
     p_out, after_p, alone = reference
     engine = engine_after_p(tiny_llama_dir, reference)
     engine.park(0)
-    engine.add_request(P + p_out + [50, 51], GREEDY, "p2")
-    fail_on_call(monkeypatch, engine.runner.model, "forward", lambda n, _: n == 1)
+    engine.submit(P + p_out + [50, 51], GREEDY, "p2")
+    fail_on_call(monkeypatch, engine._runner.model, "forward", lambda n, _: n == 1)
     failed = engine.step()
     assert [(o.request_id, o.finish_reason) for o in failed] == [("p2", "error")]
     assert (pool_scan(engine), conversations(engine)) == after_p  # the cached turn is intact
     monkeypatch.undo()
-    engine.add_request(P + p_out + [50, 51], GREEDY, "p2")
+    engine.submit(P + p_out + [50, 51], GREEDY, "p2")
     outs = run_all(engine)
     assert outs["p2"][-1].num_cached_tokens == len(P) + len(p_out) - 1  # reused, not recomputed
     assert tokens(outs["p2"]) == alone["p2"]

@@ -67,14 +67,14 @@ def test_a_broken_loop_ends_running_and_queued_requests(monkeypatch):
     """The loop breaks (a fault after a step) while one request runs and another has just
     been sent (still queued, or finished by the lost step): both end with the server's error."""
     broken = threading.Event()
-    take_snapshot = engine_loop.take_snapshot
+    take_snapshot = Engine.snapshot
 
     def breaking_snapshot(engine):
         if broken.is_set():
             raise RuntimeError("injected fault")
         return take_snapshot(engine)
 
-    monkeypatch.setattr(engine_loop, "take_snapshot", breaking_snapshot)
+    monkeypatch.setattr(Engine, "snapshot", breaking_snapshot)
 
     async def main():
         loop = EngineLoop(load_engine, "m", ServerMetrics(), max_waiting=8)
@@ -103,7 +103,7 @@ def test_a_failed_step_ends_its_requests_and_the_loop_serves_on():
 
     def load() -> Engine:
         engine = load_engine()
-        forward = engine.runner.model.forward
+        forward = engine._runner.model.forward
 
         def faulty(*args, **kwargs):
             if fault.is_set():
@@ -111,7 +111,7 @@ def test_a_failed_step_ends_its_requests_and_the_loop_serves_on():
                 raise RuntimeError("injected fault")
             return forward(*args, **kwargs)
 
-        engine.runner.model.forward = faulty
+        engine._runner.model.forward = faulty
         engines.append(engine)
         return engine
 
@@ -140,7 +140,7 @@ def test_a_failed_step_ends_its_requests_and_the_loop_serves_on():
         admitted = await follow.next(timeout=60)
         assert isinstance(admitted, Admitted) and admitted.num_cached_tokens == len(prompt)
         assert (await final_event(follow)).finish_reason == "length"
-        assert engines[0].scheduler.counters.num_failed_steps == 1
+        assert engines[0]._scheduler.counters.num_failed_steps == 1
         await asyncio.to_thread(loop.stop)
 
     asyncio.run(main())

@@ -8,7 +8,7 @@ import argparse
 from serving import engine_loader, start_server
 
 from strata.engine_args import engine_config
-from strata.kv.storage import kv_bytes_per_cell
+from strata.cells.storage import kv_bytes_per_cell
 from strata.server.cli import add_serve_parser
 from strata.server.settings import ServerSettings
 

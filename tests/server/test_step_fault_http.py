@@ -21,7 +21,7 @@ def faulty_server(gguf_path) -> Iterator[tuple[RunningServer, threading.Event]]:
 
     def load_faulty():
         engine = load()
-        forward = engine.runner.model.forward
+        forward = engine._runner.model.forward
 
         def faulty(*args, **kwargs):
             if fault.is_set():
@@ -29,7 +29,7 @@ def faulty_server(gguf_path) -> Iterator[tuple[RunningServer, threading.Event]]:
                 raise RuntimeError("injected fault: secret detail")
             return forward(*args, **kwargs)
 
-        engine.runner.model.forward = faulty
+        engine._runner.model.forward = faulty
         return engine
 
     running = start_server(ServerSettings(model_alias="smol", sse_keepalive_s=0.0), load_faulty)

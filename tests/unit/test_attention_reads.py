@@ -24,8 +24,8 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from strata.step import LaneWork
-from strata.kv.quant import Int8Cells
-from strata.kv.storage import KVStorage
+from strata.cells.int8 import Int8Cells
+from strata.cells.storage import KVStorage
 from strata.models.attention import AttentionMeta, attend
 from strata.runner.inputs import VERIFY_MAX_ROWS, build_inputs
 from strata.runner.reads import MAX_RUNS, ChunkCells
@@ -150,11 +150,11 @@ def check(shape: Shape, lanes: list[Lane], seed: int, *, known_storage: bool = T
             x[:, torch.rand(x.shape[1], generator=g) < 0.1] = 0
             t.write(every, x)
         else:
-            t.copy_(x)
+            t.data.copy_(x)
     if shape.kv_dtype == "int8":  # the cells before the step, read back with the test's own code
         k0, v0 = (ref_dequantise(t.data.float(), t.scale) for t in (storage.k[LAYER], storage.v[LAYER]))
     else:
-        k0, v0 = storage.k[LAYER].double(), storage.v[LAYER].double()
+        k0, v0 = storage.k[LAYER].data.double(), storage.v[LAYER].data.double()
     q = [torch.randn(lane.num_new, shape.heads, shape.head_dim, generator=g) for lane in lanes]
     k = [torch.randn(lane.num_new, shape.kv_heads, shape.head_dim, generator=g) for lane in lanes]
     v = [torch.randn(lane.num_new, shape.kv_heads, shape.head_dim, generator=g) for lane in lanes]

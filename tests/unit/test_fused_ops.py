@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from strata.models.fused import FUSED_ENV, fused_enabled, load_decode_ops
+from strata.config import FUSED_ENV, fused_enabled
+from strata.models.fused import load_decode_ops
 from strata.models.layers import RMSNorm, Rotary, apply_rotary
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from strata.cells.dense import DenseCells
 from strata.step import LaneWork
 from strata.models.attention import attend
 from strata.models.cell_reads import (
@@ -173,7 +174,7 @@ def test_strided_gathered_and_per_lane_decode_attention_agree(gap):
     def run(cells: ChunkCells, rows: list[LaneWork]) -> dict[int, torch.Tensor]:
         inp = build_inputs(rows, cells)
         order = [ws.index(w) for w in inp.work]
-        out = attend(q[order], k_new[order], v_new[order], k_cache.clone(), v_cache.clone(), inp.meta)
+        out = attend(q[order], k_new[order], v_new[order], DenseCells(k_cache.clone()), DenseCells(v_cache.clone()), inp.meta)
         return {w.lane: out[r] for r, w in enumerate(inp.work)}
 
     strided = run(ChunkCells(c, num_cells=11 * c), ws)
@@ -222,8 +223,8 @@ def test_a_lane_in_many_long_runs_is_read_run_by_run_and_agrees_with_the_gather(
     (d,) = build_inputs([short], cells).meta.decode
     assert isinstance(d, DecodeGather)
     q, k_new, v_new = torch.randn(1, heads, dim), torch.randn(1, kv_heads, dim), torch.randn(1, kv_heads, dim)
-    got = attend(q, k_new, v_new, k_cache.clone(), v_cache.clone(), build_inputs([full], cells).meta)
-    want = attend(q, k_new, v_new, k_cache.clone(), v_cache.clone(), build_inputs([full], ChunkCells(c)).meta)
+    got = attend(q, k_new, v_new, DenseCells(k_cache.clone()), DenseCells(v_cache.clone()), build_inputs([full], cells).meta)
+    want = attend(q, k_new, v_new, DenseCells(k_cache.clone()), DenseCells(v_cache.clone()), build_inputs([full], ChunkCells(c)).meta)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
@@ -239,7 +240,7 @@ def test_run_by_run_and_gathered_decode_attention_agree():
     def run(cells: ChunkCells) -> dict[int, torch.Tensor]:
         inp = build_inputs(ws, cells)
         order = [ws.index(w) for w in inp.work]
-        out = attend(q[order], k_new[order], v_new[order], k_cache.clone(), v_cache.clone(), inp.meta)
+        out = attend(q[order], k_new[order], v_new[order], DenseCells(k_cache.clone()), DenseCells(v_cache.clone()), inp.meta)
         return {w.lane: out[r] for r, w in enumerate(inp.work)}
 
     by_runs = ChunkCells(c, num_cells=40 * c, runs_min_cells=16)
@@ -277,6 +278,6 @@ def test_run_by_run_and_gathered_prefill_attention_agree(start, num_new):
     by_runs = ChunkCells(c, num_cells=40 * c, runs_min_cells=16)
     meta = build_inputs([w], by_runs).meta
     assert isinstance(meta.prefills[0], PrefillRuns)
-    got = attend(q, k_new, v_new, k_cache.clone(), v_cache.clone(), meta)
-    want = attend(q, k_new, v_new, k_cache.clone(), v_cache.clone(), build_inputs([w], ChunkCells(c)).meta)
+    got = attend(q, k_new, v_new, DenseCells(k_cache.clone()), DenseCells(v_cache.clone()), meta)
+    want = attend(q, k_new, v_new, DenseCells(k_cache.clone()), DenseCells(v_cache.clone()), build_inputs([w], ChunkCells(c)).meta)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from strata.kv.quant import Int8Cells, dequantise, quantise
-from strata.kv.storage import KVStorage, kv_bytes_per_cell
+from strata.cells.int8 import Int8Cells, dequantise, quantise
+from strata.cells.storage import KVStorage, kv_bytes_per_cell
 from strata.kv.table import CellCopy
 
 CPU = torch.device("cpu")

@@ -7,7 +7,7 @@ from test_scheduler import Driver, pooled
 
 from strata.engine.scheduler import Scheduler
 from strata.kv.reserve import ReservedLayout
-from strata.server.monitor.picture import ACTIVE, FREE, PARKED, RESERVED, take_picture
+from strata.engine.picture import ACTIVE, FREE, PARKED, RESERVED, take_picture
 from strata.server.monitor.watch import PoolWatch, diff_events
 
 
@@ -66,23 +66,23 @@ def test_events_name_the_evicted_conversations_and_count_refusals():
     s = Scheduler(pooled(4, 4), num_lanes=2, max_context=16, prefill_chunk=16)
     d = Driver(s)
     watch = PoolWatch()
-    watch.observe(s, s.max_context)
+    watch.observe(lambda n: take_picture(s, s.max_context, n))
     assert watch.picture is None  # nobody watches: no picture is taken
     watch.watchers = 1
-    watch.observe(s, s.max_context)
+    watch.observe(lambda n: take_picture(s, s.max_context, n))
     s.add("a", [1, 2, 3, 4, 5, 6])  # 2 chunks
     d.step(finish=("a",))
     s.add("b", [7, 8, 9, 10, 11])  # 2 chunks
     d.step(finish=("b",))
-    watch.observe(s, s.max_context)
+    watch.observe(lambda n: take_picture(s, s.max_context, n))
     assert watch.events == ()
     s.add("c", [20, 21, 22, 23, 24, 25, 26])  # 2 chunks: conversation 1, the least recent, gives way
     d.step()
-    watch.observe(s, s.max_context)
+    watch.observe(lambda n: take_picture(s, s.max_context, n))
     assert [(e.kind, e.count, e.conv_ids) for e in watch.events] == [("eviction", 1, (1,))]
     s.add("d", list(range(30, 45)))  # 4 chunks: more than the pool can free while c runs
     d.step()
-    watch.observe(s, s.max_context)
+    watch.observe(lambda n: take_picture(s, s.max_context, n))
     assert [(e.kind, e.count) for e in watch.events[1:]] == [("refusal", 1)]
     assert [e.seq for e in watch.events] == [1, 2]
     assert watch.picture.num_refusals == 1 and watch.picture.num_evictions == 1

@@ -17,12 +17,13 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 import strata.engine.cache as cache_module
 import strata.engine.prefix_index as prefix_index
-from strata.engine.cache import ConversationCache, scan_longest_prefix
+from strata.engine.cache import ConversationCache
 from strata.engine.conversation import Conversation
 from strata.engine.scheduler import Scheduler
 from strata.kv.layout import PooledLayout
 from strata.kv.table import ChunkTable, chunks_for
 from strata.step import Sampled, StepOutput
+from tests.checks import check_cache, check_scheduler, scan_longest_prefix
 
 CHUNK = 4
 
@@ -33,9 +34,9 @@ def system_prompt(n: int) -> list[int]:
 
 def step(s: Scheduler, token: int = 7) -> None:
     plan = s.schedule()
-    s.check()
+    check_scheduler(s)
     s.commit(plan, StepOutput(tuple(Sampled(w.request_id, token, None) for w in plan.work if w.do_sample)))
-    s.check()
+    check_scheduler(s)
 
 
 def prefill(s: Scheduler, request_id: str, prompt: list[int]) -> None:
@@ -61,7 +62,7 @@ def test_n_conversations_hold_the_system_prompt_once(n, system_len, concurrent):
             s.finish(f"r{i}")
     for request_id in list(s.seqs):
         s.finish(request_id)
-    s.check()
+    check_scheduler(s)
     convs = list(s.cache)
     assert len(convs) == n and all(c.token_ids[:system_len] == system for c in convs)
     full = system_len // CHUNK  # the full chunks of the system prompt: held once
@@ -88,8 +89,8 @@ def test_eviction_frees_a_shared_chunk_only_with_its_last_holder():
     shared = s.lanes[0].conv.table.chunk_ids[:2]
     held = s.layout.pool.num_held
     for k, conv in enumerate(s.cache.idle_lru()):
-        s._evict((conv,))
-        s.check()
+        s.lanes.evict((conv,))
+        check_scheduler(s)
         assert all(s.layout.pool.refcount(i) == 2 - k for i in shared)
         assert s.layout.pool.num_held == held - 1 - (2 if k == 2 else 0)
         held = s.layout.pool.num_held
@@ -132,14 +133,14 @@ def test_ties_go_to_idle_then_most_recent():
     assert cache.longest_prefix([1]) == (a, 1)
     cache.cut(a, 1)
     assert cache.longest_prefix([1, 2]) == (c, 2)  # a no longer reaches token 2
-    cache.extend(a, [2, 3, 4, 5])
+    cache.append(a, [2, 3, 4, 5])
     assert cache.longest_prefix([1, 2, 3, 4, 5]) == (a, 5)
     cache.remove(a)
     assert cache.longest_prefix([1, 2, 3, 4, 5]) == (c, 4)
     assert cache.longest_prefix([7]) == (None, 0)
     for p in ([1], [1, 2, 3, 4, 5], [2]):
         assert cache.longest_prefix(p) == scan_longest_prefix(cache, p)
-    cache.check()
+    check_cache(cache)
 
 
 def test_a_stale_index_fails_the_check():
@@ -147,10 +148,10 @@ def test_a_stale_index_fails_the_check():
     cache = ConversationCache()
     conv = Conversation(cache.new_id(), ChunkTable(), [1, 2, 3])
     cache.add(conv)
-    cache.check()
-    conv.token_ids.append(4)  # not through cache.extend
+    check_cache(cache)
+    conv.token_ids.append(4)  # not through cache.append
     with pytest.raises(AssertionError):
-        cache.check()
+        check_cache(cache)
 
 
 def test_metrics_and_slots_show_shared_chunks():
@@ -159,7 +160,7 @@ def test_metrics_and_slots_show_shared_chunks():
     import dataclasses
 
     from strata.server.metrics import ServerMetrics
-    from strata.server.snapshot import EngineSnapshot, LaneView
+    from strata.engine.snapshot import EngineSnapshot, LaneView
 
     s = Scheduler(PooledLayout(200, CHUNK), 3, max_context=64, prefill_chunk=64)
     system = system_prompt(9)  # two full chunks and one cell
@@ -202,7 +203,7 @@ class CacheMachine(RuleBasedStateMachine):
     @rule(data=st.data(), tokens=st.lists(st.integers(1, 3), min_size=1, max_size=4))
     def extend(self, data, tokens):
         if (conv := self.convs(data)) is not None:
-            self.cache.extend(conv, tokens)
+            self.cache.append(conv, tokens)
 
     @rule(data=st.data())
     def cut(self, data):
@@ -230,7 +231,7 @@ class CacheMachine(RuleBasedStateMachine):
 
     @invariant()
     def agrees_with_a_scan(self):
-        self.cache.check()
+        check_cache(self.cache)
 
 
 TestCache = CacheMachine.TestCase
@@ -257,7 +258,7 @@ def test_prompts_admitted_together_hold_their_prefix_once(system_len):
         step(s)
     for request_id in list(s.seqs):
         s.finish(request_id)
-    s.check()
+    check_scheduler(s)
     s.clear_cache()
     assert s.layout.pool.num_free == s.layout.pool.num_total
 
@@ -274,7 +275,7 @@ def test_pool_full_order_counts_a_shared_chunk_once():
     assert s.layout.pool.num_held == 2 + 3 and s.stats().num_chunks_shared == 2
     s.add("big", [7] * 27)  # 28 cells: 7 chunks, 5 free; the oldest frees 1, the two oldest 2
     plan = s.schedule()
-    s.check()
+    check_scheduler(s)
     assert [a.request_id for a in plan.admitted] == ["big"] and s.counters.num_evictions == 2
     assert s.cache.get(first.conv_id) is None and s.cache.get(second.conv_id) is None
     assert s.cache.get(third.conv_id) is third

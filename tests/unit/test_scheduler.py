@@ -14,6 +14,7 @@ from strata.kv.layout import PooledLayout
 from strata.kv.reserve import ReservedLayout
 from strata.kv.table import CellCopy
 from strata.step import Admission, LaneWork, Refusal, Sampled, StepOutput
+from tests.checks import check_scheduler
 
 
 class Driver:
@@ -27,7 +28,7 @@ class Driver:
 
     def step(self, finish=()):
         plan = self.s.schedule()
-        self.s.check()
+        check_scheduler(self.s)
         sampled = []
         for w in plan.work:
             if w.do_sample:
@@ -37,7 +38,7 @@ class Driver:
         self.can_continue.update(self.s.commit(plan, StepOutput(tuple(sampled))))
         for request_id in finish:
             self.s.finish(request_id)
-        self.s.check()
+        check_scheduler(self.s)
         return plan
 
 
@@ -397,7 +398,7 @@ def test_move_pooled_is_a_swap():
     assert lane_chunks(s) == [None, None, [0, 1, 2]]
     assert s.lanes[2].conv is conv and conv.lane == 2
     assert s.layout.pool.num_held == held
-    s.check()
+    check_scheduler(s)
 
     s.add("a2", first + [1000, 5])
     p = d.step()
@@ -418,7 +419,7 @@ def test_move_reserved_copies_every_cell():
     assert s.lanes[0].conv is None and s.lanes[2].conv is conv
     assert conv.table.chunk_ids == [6, 7, 8] and conv.num_cells == 10
     assert s.layout.lane_tables[0].num_cells == 0
-    s.check()
+    check_scheduler(s)
 
     s.add("a2", first + [1000])
     p = d.step()
@@ -452,7 +453,7 @@ def test_move_onto_an_idle_lane_and_bad_moves(kind):
         assert conv_b.lane is None and s.cache.get(conv_b.conv_id) is conv_b  # parked
     else:
         assert s.cache.get(conv_b.conv_id) is None and s.counters.num_evictions == 1
-    s.check()
+    check_scheduler(s)
 
 
 def test_park_then_follow_up_restores_without_copying():
@@ -465,7 +466,7 @@ def test_park_then_follow_up_restores_without_copying():
     stats = s.stats()
     assert (stats.num_conversations_parked, stats.num_chunks_parked, stats.num_chunks_held) == (1, 3, 3)
     assert stats.chunks_per_lane == (0, 0)
-    s.check()
+    check_scheduler(s)
 
     s.add("b", [20, 21, 22])
     p = d.step()
@@ -491,7 +492,7 @@ def test_park_in_reserved_layout_keeps_the_conversation_in_its_lane():
     s.park(0)
     assert s.lanes[0].conv is conv and conv.lane == 0
     assert len(s.cache) == 1 and s.counters.num_evictions == 0
-    s.check()
+    check_scheduler(s)
     s.add("a2", first + [1000])
     p = d.step()
     assert p.admitted == (Admission("a2", 0, 10),)
@@ -809,7 +810,7 @@ def test_commit_says_when_max_context_is_reached(kind):
     assert d.can_continue == {"a": False}  # a 9th cell would pass max_context
     s.finish("a")
     assert s.lanes[0].conv.num_cells == 8
-    s.check()
+    check_scheduler(s)
 
 
 def test_abort_waiting_and_running():
@@ -828,7 +829,7 @@ def test_abort_waiting_and_running():
     assert s.layout.pool.num_free == 8
     assert s.lanes[0].conv is None and s.lanes[0].seq is None and len(s.cache) == 0
     assert not s.has_work
-    s.check()
+    check_scheduler(s)
 
 
 def test_abort_of_a_follow_up_keeps_the_cached_turn_and_a_fork_keeps_its_source():
@@ -848,11 +849,11 @@ def test_abort_of_a_follow_up_keeps_the_cached_turn_and_a_fork_keeps_its_source(
     s.abort("a2")  # gives back what it added; the turn it found cached stays
     assert s.lanes[0].conv.token_ids == first and s.lanes[0].conv.table.chunk_ids == [0, 1, 2]
     assert s.lanes[0].is_idle and s.layout.pool.num_free == 5 and len(s.cache) == 1
-    s.check()
+    check_scheduler(s)
     s.add("a3", first + [7])  # and is reused by the next follow-up
     p = d.step()
     assert p.admitted == (Admission("a3", 0, 10),)
-    s.check()
+    check_scheduler(s)
 
 
 def test_abort_mid_prefill_frees_its_chunks():
@@ -863,7 +864,7 @@ def test_abort_mid_prefill_frees_its_chunks():
     assert s.lanes[0].conv.num_cells == 3 and s.lanes[0].conv.table.chunk_ids == [0, 1, 2, 3]
     s.abort("a")
     assert s.layout.pool.num_free == 8
-    s.check()
+    check_scheduler(s)
 
 
 def test_clear_cache_frees_every_chunk():
@@ -884,7 +885,7 @@ def test_clear_cache_frees_every_chunk():
     assert s.layout.pool.num_free == 8 and s.layout.pool.num_held == 0
     assert len(s.cache) == 0 and all(lane.conv is None for lane in s.lanes)
     assert s.counters.num_evictions == 3
-    s.check()
+    check_scheduler(s)
 
 
 def test_stats_pooled():

@@ -28,6 +28,7 @@ from strata.engine.scheduler import Scheduler
 from strata.kv.layout import PooledLayout
 from strata.kv.reserve import ReservedLayout
 from strata.step import Sampled, StepOutput, StepPlan
+from tests.checks import check_scheduler
 
 VOCAB = (1, 2, 3)  # tiny, so prompts share prefixes by chance
 tokens_st = st.lists(st.sampled_from(VOCAB), min_size=1, max_size=8)
@@ -371,7 +372,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     # ---- invariants -----------------------------------------------------------------------------
     @invariant()
     def check_all(self):
-        self.s.check()
+        check_scheduler(self.s)
         self.chunk_holders_match_refcounts()
         self.lanes_and_requests_agree()
         self.every_cell_holds_its_conversations_history()
@@ -432,7 +433,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert s.abort(request_id)
         assert not s.has_work
         s.clear_cache()
-        s.check()
+        check_scheduler(s)
         assert len(s.cache) == 0
         assert all(lane.conv is None and lane.seq is None for lane in s.lanes)
         if self.POOLED:

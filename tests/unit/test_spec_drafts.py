@@ -1,12 +1,13 @@
-"""The n-gram drafter's index and the adaptive k (engine/spec/), without a model."""
+"""The n-gram drafter's index and the adaptive k (drafting/), without a model."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from strata.engine.spec.adaptive import PROBE_EVERY, AdaptiveK
-from strata.engine.spec.ngram import NgramIndex, propose
+from strata.drafting.adaptive import PROBE_EVERY, AdaptiveK
+from strata.drafting.ngram import NgramIndex
+from tests.checks import scan_propose
 
 
 @settings(max_examples=300, deadline=None)
@@ -18,7 +19,7 @@ def test_index_equals_the_scan(tokens, k, split):
     body = tokens[:-1]
     index.extend(body[:split])
     index.extend(body[split:])
-    assert index.propose(k, tokens[-1]) == propose(tokens, k)
+    assert index.propose(k, tokens[-1]) == scan_propose(tokens, k)
 
 
 def test_proposals_by_hand():

@@ -3,9 +3,11 @@ verify step rejects goes back at commit (exact chunk ids)."""
 
 from __future__ import annotations
 
+from strata.drafting.planner import NgramPlanner
 from strata.engine.scheduler import Scheduler
 from strata.kv.layout import PooledLayout
 from strata.step import DraftOutcome, Sampled, StepOutput
+from tests.checks import check_scheduler
 
 
 class FixedDrafter:
@@ -17,7 +19,8 @@ class FixedDrafter:
 
 
 def scheduler(num_chunks: int = 6) -> Scheduler:
-    s = Scheduler(PooledLayout(num_chunks, 4), num_lanes=1, max_context=64, prefill_chunk=16, spec_k=4)
+    layout = PooledLayout(num_chunks, 4)
+    s = Scheduler(layout, num_lanes=1, max_context=64, prefill_chunk=16, drafts=NgramPlanner(4, layout, 64))
     s.drafts.drafter = FixedDrafter([50, 51, 52, 53])
     return s
 
@@ -46,7 +49,7 @@ def test_rejected_drafts_give_their_chunks_back():
     out = StepOutput((Sampled("a", 70, None),), (DraftOutcome("a", plan.work[0].num_drafts, 0),))
     s.commit(plan, out)
     assert conv.num_cells == 6 and conv.table.chunk_ids == [0, 1]
-    s.check()
+    check_scheduler(s)
 
 
 def test_all_rejected_at_a_chunk_border_frees_the_chunk():
@@ -59,7 +62,7 @@ def test_all_rejected_at_a_chunk_border_frees_the_chunk():
     s.commit(plan, StepOutput((Sampled("a", 60, None),), (DraftOutcome("a", plan.work[0].num_drafts, 0),)))
     assert conv.num_cells == 4 and conv.table.chunk_ids == [0]  # chunk 1 held only rejected cells
     assert s.layout.pool.num_free == 5
-    s.check()
+    check_scheduler(s)
 
 
 def test_drafts_take_only_free_chunks():
@@ -68,11 +71,12 @@ def test_drafts_take_only_free_chunks():
     plan = s.schedule()
     assert plan.work[0].token_ids == (9,) and plan.work[0].num_drafts == 0  # no room: no drafts
     s.commit(plan, StepOutput((Sampled("a", 60, None),)))
-    s.check()
+    check_scheduler(s)
 
 
 def test_drafts_stop_short_of_max_tokens():
-    s = Scheduler(PooledLayout(6, 4), num_lanes=1, max_context=64, prefill_chunk=16, spec_k=4)
+    layout = PooledLayout(6, 4)
+    s = Scheduler(layout, num_lanes=1, max_context=64, prefill_chunk=16, drafts=NgramPlanner(4, layout, 64))
     s.drafts.drafter = FixedDrafter([50, 51, 52, 53])
     s.add("a", [1, 2, 3], max_new=3)  # target 6 cells: tokens at 3 (fed), 4 and a last one of its own
     plan = s.schedule()

@@ -13,6 +13,7 @@ from strata.engine.scheduler import Scheduler
 from strata.kv.reserve import ReservedLayout
 from strata.kv.table import CellCopy
 from strata.step import Admission, StepOutput
+from tests.checks import check_scheduler
 
 
 def free_list(s: Scheduler) -> list[int]:
@@ -30,7 +31,7 @@ def test_schedule_records_nothing_until_commit():
     assert s.schedule().work[0].start == 0  # planned again from the same place: nothing moved
     s.commit(p, StepOutput())
     assert conv.num_cells == 4 and conv.token_ids == [1, 2, 3, 4]
-    s.check()
+    check_scheduler(s)
 
 
 def test_a_failed_step_ends_its_requests_and_nothing_else():
@@ -48,7 +49,7 @@ def test_a_failed_step_ends_its_requests_and_nothing_else():
     p = s.schedule()
     assert [a.request_id for a in p.admitted] == ["a", "b"]
     assert s.fail(p) == ("a", "b")
-    s.check()
+    check_scheduler(s)
     assert not s.seqs and [r for r, *_ in s.waiting] == ["w"]
     assert tables(s) == before_tables and free_list(s) == before_free
     assert s.counters.num_failed_steps == 1
@@ -85,7 +86,7 @@ def test_a_failed_follow_up_leaves_the_turn_it_found_cached():
     p = s.schedule()
     assert p.admitted == (Admission("a2", 0, 11),) and p.work[0].chunk_ids == (0, 1, 2, 3, 4)
     assert s.fail(p) == ("a2",)
-    s.check()
+    check_scheduler(s)
     assert tables(s) == before_tables and free_list(s) == before_free
     assert s.lanes[0].conv is found and not found.is_active
 
@@ -101,7 +102,7 @@ def test_a_failed_fork_frees_the_fork_and_keeps_its_source():
     p = s.schedule()
     assert p.admitted == (Admission("br", 1, 6, True),) and p.copies == (CellCopy(1, 5, 0, 2),)
     assert s.fail(p) == ("br",)
-    s.check()
+    check_scheduler(s)
     assert tables(s) == before_tables and refcounts(s) == before_refs
 
 
@@ -126,7 +127,7 @@ def test_a_failed_in_place_branch_that_copied_drops_the_half_copied_conversation
     # ...copying its cells of the chunk X shares, into a new run past half the free run 3..5
     assert p.copies == (CellCopy(1, 4, 0, 2),)
     assert s.fail(p) == ("z",)
-    s.check()
+    check_scheduler(s)
     assert s.lanes[1].conv is None and len(s.cache) == 1  # Y is gone, X stays
     assert (tuple(conv_x.table.chunk_ids), tuple(conv_x.token_ids)) == x_before
     assert refcounts(s) == [1, 1, 1, 0, 0, 0]
@@ -143,6 +144,6 @@ def test_a_failed_reserved_branch_keeps_the_lanes_reservations():
     p = s.schedule()
     assert p.admitted == (Admission("br", 1, 6, True),)
     assert s.fail(p) == ("br",)
-    s.check()
+    check_scheduler(s)
     assert tables(s) == before and s.lanes[1].conv is None
     assert s.layout.lane_tables[1].num_cells == 0 and len(s.layout.lane_tables[1].chunk_ids) == 4

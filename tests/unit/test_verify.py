@@ -1,4 +1,4 @@
-"""Verifying drafts (strata/verify.py): greedy keeps exactly the argmax path; sampled keeps
+"""Verifying drafts (strata/drafting/verify.py): greedy keeps exactly the argmax path; sampled keeps
 the model's distribution exactly (checked statistically on fixed logits)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 
 from strata.sampler import Sampler
 from strata.sampling import SamplingParams
-from strata.verify import verify
+from strata.drafting.verify import verify
 
 VOCAB = 6
 

@@ -17,7 +17,7 @@ from strata.server.anthropic.requests import (
     TextBlock,
 )
 from strata.server.errors import ModelNotFound
-from strata.server.params import Job, ModelInfo, _check_length, _check_max_tokens
+from strata.server.params import Job, ModelInfo, _check_max_tokens, checked
 
 DEFAULT_TEMPERATURE = 1.0  # Anthropic's default
 
@@ -94,18 +94,13 @@ def prompt_ids(req: MessagesRequest | CountTokensRequest, info: ModelInfo) -> li
 def messages_job(req: MessagesRequest, info: ModelInfo) -> Job:
     _check_max_tokens(req.max_tokens, "max_tokens", info)  # ranges: the request model's
     ids = prompt_ids(req, info)
-    _check_length(ids, info, "messages")
-    try:
-        params = SamplingParams(
-            max_tokens=req.max_tokens,
-            temperature=DEFAULT_TEMPERATURE if req.temperature is None else req.temperature,
-            top_k=0 if req.top_k is None else req.top_k,
-            top_p=1.0 if req.top_p is None else req.top_p,
-            stop=req.stop_sequences,
-        )
-    except RequestError as exc:
-        if exc.param == "stop":  # name the field the client actually sent
-            exc.param = "stop_sequences"
-            exc.args = (str(exc).replace("stop", "stop_sequences", 1),)
-        raise
-    return Job(ids, params, bool(req.stream), include_usage=True, want_logprobs=False)
+    prompt = checked(ids, info, "messages")
+    params = SamplingParams(
+        max_tokens=req.max_tokens,
+        temperature=DEFAULT_TEMPERATURE if req.temperature is None else req.temperature,
+        top_k=0 if req.top_k is None else req.top_k,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        stop=req.stop_sequences,
+        field_names={"stop": "stop_sequences"},  # the field the client actually sent
+    )
+    return Job(prompt, params, bool(req.stream), include_usage=True, want_logprobs=False)

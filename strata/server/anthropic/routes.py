@@ -16,7 +16,9 @@ from strata.server.anthropic.requests import (
     CountTokensRequest,
     MessagesRequest,
 )
-from strata.server.anthropic.respond import respond_messages
+from strata.server.anthropic.response import MessagesResponse
+from strata.server.anthropic.shapes import MessageFormat
+from strata.server.respond import respond
 from strata.server.anthropic.shapes import ErrorBody, MessageBody, TokenCount
 
 ERRORS = {
@@ -51,9 +53,12 @@ async def messages(body: MessagesRequest, request: Request) -> Response:
     info = state.loop.check_ready()
     state.loop.check_capacity()  # before tokenizing: a full server does no work for it
     job = await run_in_threadpool(messages_job, body, info)
-    return await respond_messages(
-        request, state.loop, job, info.model_id, state.settings.sse_keepalive_s
-    )
+    assert job.params.max_tokens is not None  # required by the Messages API
+
+    def fmt_for(request_id: str) -> MessagesResponse:
+        return MessagesResponse(MessageFormat(request_id, info.model_id, job.params.max_tokens, len(job.prompt.token_ids)))
+
+    return await respond(request, state.loop, job, fmt_for, state.settings.sse_keepalive_s)
 
 
 @router.post("/v1/messages/count_tokens", response_model=TokenCount, responses=ERRORS)

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from strata.engine.request import RequestOutput
+from strata.engine.interface import RequestOutput
 
 
 class TextContent(BaseModel):

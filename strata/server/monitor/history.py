@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import psutil
 from prometheus_client import Counter
 
-from strata.server.snapshot import EngineSnapshot
+from strata.engine.interface import EngineSnapshot
 
 HISTORY_S = 300
 PERIOD_S = 1.0

@@ -14,10 +14,10 @@ Invariants:
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from strata.engine.scheduler import Scheduler
-from strata.server.monitor.picture import PoolPicture, take_picture
+from strata.engine.interface import PoolPicture
 
 MAX_EVENTS = 200
 
@@ -40,13 +40,13 @@ class PoolWatch:
         self._num_pictures = 0
         self._num_events = 0
 
-    def observe(self, scheduler: Scheduler, max_context: int) -> None:
-        """Engine thread only."""
+    def observe(self, take_picture: Callable[[int], PoolPicture]) -> None:
+        """Engine thread only; `take_picture(n)`: the engine's picture number n (`Engine.picture`)."""
         if self.watchers <= 0:
             self.picture = None  # the next watcher starts from a fresh picture, not a stale diff
             return
         self._num_pictures += 1
-        picture = take_picture(scheduler, max_context, self._num_pictures)
+        picture = take_picture(self._num_pictures)
         if self.picture is not None:
             found = diff_events(self.picture, picture)
             if found:

@@ -1,4 +1,4 @@
-"""One step through the resident ring (kv/ring.py): the copies it needs and where its pages are read.
+"""One step through the resident ring (cells/ring.py): the copies it needs and where its pages are read.
 
 `layer_caches(i)` runs layer i's copies (pages admitted into their arena slots, streamed
 pages into staging) and returns its K and V as `RingCells`. On CUDA the copies run on a
@@ -14,14 +14,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from strata.kv.quant import Int8Cells
+from strata.cells.protocol import Cells
+from strata.cells.ring_cells import RingCells
 from strata.kv.residency import ResidencyPlan
-from strata.kv.ring_cells import RingCells
 
 if TYPE_CHECKING:
-    from strata.kv.ring import KVRing
-
-Cells = torch.Tensor | Int8Cells
+    from strata.cells.ring import KVRing
 
 
 @dataclass(frozen=True)
@@ -32,13 +30,9 @@ class PageMap:
     num_arena_cells: int
 
 
-def _parts(t: Cells) -> tuple[torch.Tensor, ...]:
-    return t.parts if isinstance(t, Int8Cells) else (t,)
-
-
 def _copy(dst: Cells, src: Cells, runs: Sequence[tuple[int, int, int]], non_blocking: bool) -> None:
     """(src cell, dst cell, cells) runs from `src` into `dst`, every part (cells on dim 1)."""
-    for d, s in zip(_parts(dst), _parts(src)):
+    for d, s in zip(dst.parts, src.parts):
         for src_start, dst_start, n in runs:
             d[:, dst_start : dst_start + n].copy_(s[:, src_start : src_start + n], non_blocking=non_blocking)
 
@@ -53,7 +47,7 @@ class RingStep:
         self.admit = admit  # (pool cell, arena cell, cells)
         self.stage = stage  # (pool cell, staging cell, cells)
         self.host_write_index = host_write_index  # [tokens] on the host
-        self.write_index = write_index  # [tokens] virtual cells (kv/ring_cells.py), on the host
+        self.write_index = write_index  # [tokens] virtual cells (cells/ring_cells.py), on the host
         in_arena = write_index < pages.num_arena_cells
         # (rows, cells) written in the arena, and in staging (cells from its start), per device
         split = (in_arena.nonzero().view(-1), write_index[in_arena],
@@ -119,8 +113,5 @@ class RingStep:
             if dev.type == "cuda":
                 torch.cuda.current_stream(dev).synchronize()
         for host, index, x in self.writeback:
-            if isinstance(host, Int8Cells):
-                host.write(index, x)
-            else:
-                host.index_copy_(1, index, x.to(host.dtype))
+            host.write(index, x)
         self.writeback.clear()

@@ -1,52 +1,53 @@
 """The draft model (`--spec draft`): proposes each drafting lane's drafts, greedily, in the runner.
 
 Its K/V lives in the same pool as the target's: a chunk id indexes the same slot of the
-draft model's own storage (kv/storage.py, its geometry), and the conversation's chunk table
+draft model's own storage (cells/storage.py, its geometry), and the conversation's chunk table
 addresses both, so a move, a park, a fork or pool-full takes the drafter's state along and
 counts it. For each lane with draft slots it first feeds the tokens whose draft K/V is not
-written yet (`LaneWork.draft_feed`: from `draft_start` up to the pending token), all lanes
+written yet (`LaneDrafts.feed`: from `feed_start` up to the pending token), all lanes
 in one batched forward, then one more batched single-token forward per further draft.
-Drafts are the draft model's argmax: a proposal with all its mass on one token, which
-verify's rejection sampling keeps exact (strata/verify.py).
+The runner gives the drafter its forward (runner/forward.py), so drafting needs nothing of
+the runner's. Drafts are the draft model's argmax: a proposal with all its mass on one token, which
+verify's rejection sampling keeps exact (strata/drafting/verify.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
+from strata.cells.storage import KVStorage
 from strata.errors import ConfigError
 from strata.kv.pool import KVPool
-from strata.kv.storage import KVStorage
 from strata.loader.model_load import ModelLoad
 from strata.models.llama import LlamaModel
-from strata.runner.inputs import build_inputs
-from strata.runner.reads import ChunkCells
-from strata.step import LaneWork
+from strata.step import LaneDrafts, LaneWork
+
+# (work) -> (float32 logits [lanes that sample, vocab], those lanes in row order): the draft
+# model's forward over its own K/V, writing the lanes' new cells on the way
+DraftForward = Callable[[Sequence[LaneWork]], tuple[torch.Tensor, Sequence[LaneWork]]]
+
+
+@dataclass(frozen=True)
+class DraftModel:
+    model: LlamaModel
+    kv: KVStorage  # a slot for every chunk of the pool, in the draft model's geometry
 
 
 class ModelDrafter:
-    def __init__(self, model: LlamaModel, kv: KVStorage):
-        self.model = model
-        self.kv = kv
-        is_cpu = all(d.type == "cpu" for d in model.devices)
-        self.cells = ChunkCells(kv.chunk_size, kv.num_chunks * kv.chunk_size if is_cpu else None)
+    def __init__(self, draft: DraftModel, forward: DraftForward):
+        self.model = draft.model
+        self.kv = draft.kv
+        self._forward = forward
 
     def _next_tokens(self, work: Sequence[LaneWork]) -> dict[str, int]:
         """The draft model's argmax after each lane's tokens (its K/V written on the way)."""
-        inputs = build_inputs(work, self.cells, self.model.decode_attention_kernel(self.kv.dtype))
-        m = self.model
-        logits = m.forward(
-            inputs.input_ids.to(m.layer_devices[0]),
-            {d: inputs.positions.to(d) for d in m.devices},
-            {d: inputs.meta.to(d) for d in m.devices},
-            self.kv,
-            inputs.logits_rows.to(m.layer_devices[-1]),
-        )
+        logits, sample_work = self._forward(work)
         best = logits.argmax(dim=-1).tolist()
-        return {w.request_id: t for w, t in zip(inputs.sample_work, best)}
+        return {w.request_id: t for w, t in zip(sample_work, best)}
 
     @torch.inference_mode()
     def propose(self, work: Sequence[LaneWork]) -> dict[str, tuple[int, ...]]:
@@ -54,7 +55,7 @@ class ModelDrafter:
         lanes = [w for w in work if w.draft_slots]
         if not lanes:
             return {}
-        feed = [LaneWork(w.lane, w.request_id, w.draft_feed, w.draft_start, w.chunk_ids, True) for w in lanes]
+        feed = [LaneWork(w.lane, w.request_id, w.drafts.feed, w.drafts.feed_start, w.chunk_ids, True) for w in lanes]
         nxt = self._next_tokens(feed)
         drafts = {w.request_id: [nxt[w.request_id]] for w in lanes}
         for j in range(1, max(w.draft_slots for w in lanes)):
@@ -68,7 +69,8 @@ class ModelDrafter:
 def with_drafts(work: Sequence[LaneWork], drafts: dict[str, tuple[int, ...]]) -> tuple[LaneWork, ...]:
     """`work` with each drafting lane feeding its pending token and its drafts."""
     return tuple(dataclasses.replace(w, token_ids=(w.token_ids[0], *drafts[w.request_id]),
-                                     num_drafts=len(drafts[w.request_id]))
+                                     drafts=dataclasses.replace(w.drafts or LaneDrafts(),
+                                                                num_drafts=len(drafts[w.request_id])))
                  if w.request_id in drafts else w for w in work)
 
 
@@ -79,9 +81,10 @@ def check_draft_vocab(load: ModelLoad, path: str, vocab_size: int) -> None:
                           f"{vocab_size}: a draft model must share the model's tokenizer")
 
 
-def load_drafter(load: ModelLoad, kv_dtype: str, pool: KVPool, max_positions: int, progress: bool) -> ModelDrafter:
+def load_draft_model(load: ModelLoad, kv_dtype: str, pool: KVPool, max_positions: int, progress: bool,
+                     fused: bool = True) -> DraftModel:
     """The draft model `load`, with a K/V storage slot for every chunk of `pool`."""
     cfg = load.config
-    model = load.build(max_positions, progress)
+    model = load.build(max_positions, progress, fused)
     kv = KVStorage(pool.num_total, pool.chunk_size, cfg.num_kv_heads, cfg.head_dim, kv_dtype, model.layer_devices)
-    return ModelDrafter(model, kv)
+    return DraftModel(model, kv)

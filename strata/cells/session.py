@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import torch
 
 from strata.errors import SessionFileError
-from strata.kv.quant import SCALE_DTYPE, Int8Cells
+from strata.cells.int8 import SCALE_DTYPE
 from strata.kv.session_format import CRC, KVGeometry, SessionHeader, crc32, read_header
-from strata.kv.storage import KV_TORCH_DTYPES, KVStorage
+from strata.cells.storage import KV_TORCH_DTYPES, KVStorage
 
 
 def storage_geometry(storage: KVStorage) -> KVGeometry:
@@ -31,9 +31,7 @@ def storage_geometry(storage: KVStorage) -> KVGeometry:
 
 def layer_parts(storage: KVStorage) -> list[list[torch.Tensor]]:
     """Per layer, the tensors a record holds in file order: K's parts, then V's (cells on dim 1)."""
-    def parts(t):
-        return list(t.parts) if isinstance(t, Int8Cells) else [t]
-    return [parts(k) + parts(v) for k, v in zip(storage.k, storage.v)]
+    return [[*k.parts, *v.parts] for k, v in zip(storage.k, storage.v)]
 
 
 class RecordBuffer:

@@ -1,7 +1,7 @@
 """The pool as a picture: who holds each chunk, what each lane does, who is parked.
 
-Taken on the engine thread only, from the scheduler (no torch) (the scheduler is not thread-safe), then handed to the
-HTTP side as a frozen value, like `snapshot.EngineSnapshot`. Chunk ownership comes from
+Taken by the engine (`Engine.picture`) on the thread that steps it, from the scheduler (no
+torch), then handed to the HTTP side as a frozen value, like `snapshot.EngineSnapshot`. Chunk ownership comes from
 the pool's read-only `chunk_owners` over the conversations' tables.
 
 Invariants of a picture:
@@ -82,17 +82,15 @@ def take_picture(scheduler: Scheduler, max_context: int, step: int) -> PoolPictu
     owners = pool.chunk_owners((c, c.table.chunk_ids) for c in convs)
     n = pool.num_total
     owner, holders, filled, state = [0] * n, [0] * n, [0] * n, [FREE] * n
-    if not layout.is_pooled:  # every lane's reservation is held, written or not
-        for table in layout.lane_tables:
-            for chunk_id in table.chunk_ids:
-                state[chunk_id] = RESERVED
+    for chunk_id in layout.reserved_chunks():  # every lane's reservation is held, written or not
+        state[chunk_id] = RESERVED
     for conv in convs:
         for position, chunk_id in enumerate(conv.table.chunk_ids):
             filled[chunk_id] = max(filled[chunk_id], _filled(conv, position, size))
     for chunk_id, holding in owners.items():
         owner[chunk_id] = holding[0].conv_id
         holders[chunk_id] = len(holding)
-        if layout.is_pooled or filled[chunk_id]:
+        if layout.holds_parked or filled[chunk_id]:
             state[chunk_id] = ACTIVE if any(c.is_active for c in holding) else PARKED
         else:
             owner[chunk_id], holders[chunk_id] = 0, 0  # reserved past the conversation's end
@@ -110,13 +108,13 @@ def take_picture(scheduler: Scheduler, max_context: int, step: int) -> PoolPictu
         for lane in scheduler.lanes
     )
     parked = tuple(
-        ParkedPicture(c.conv_id, c.num_cells, len(c.table.chunk_ids) if layout.is_pooled else 0, c.lane)
+        ParkedPicture(c.conv_id, c.num_cells, len(c.table.chunk_ids) if layout.holds_parked else 0, c.lane)
         for c in cache.idle_lru()
     )
     counters = scheduler.counters
     return PoolPicture(
         step=step,
-        pooled=layout.is_pooled,
+        pooled=layout.name == "pooled",
         chunk_size=size,
         num_chunks=n,
         num_chunks_free=pool.num_free,

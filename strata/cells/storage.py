@@ -5,7 +5,7 @@ Layout per layer: K and V are each [kv_heads, num_chunks * chunk_size, head_dim]
 [kv_heads, cells, head_dim] ready for a batched matmul). Cell `c` of chunk `i` is
 flat cell `i * chunk_size + c` in every layer. Each layer's tensors live on that
 layer's device (a layer split gives each device its layers' share of every chunk).
-With `--kv int8` each layer's K and V are `Int8Cells` (kv/quant.py): int8 cells plus a
+With `--kv int8` each layer's K and V are `Int8Cells` (cells/int8.py): int8 cells plus a
 float16 scale per (head, cell), both with cells on dim 1, both copied by a cell copy.
 """
 
@@ -15,7 +15,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from strata.kv.quant import SCALE_DTYPE, Int8Cells
+from strata.cells.dense import DenseCells
+from strata.cells.int8 import SCALE_DTYPE, Int8Cells
+from strata.cells.protocol import Cells
 from strata.kv.table import CellCopy
 
 KV_TORCH_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "int8": torch.int8}
@@ -46,17 +48,18 @@ class KVStorage:
         self.dtype = KV_TORCH_DTYPES[kv_dtype]
         self.layer_devices = list(layer_devices)
         self.kv_dtype = kv_dtype
-        shape = (num_kv_heads, num_chunks * chunk_size, head_dim)
-        # torch.zeros touches every page, so the memory is committed at start.
-        if kv_dtype == "int8":
-            self.k = [Int8Cells.zeros(*shape, device=d) for d in self.layer_devices]
-            self.v = [Int8Cells.zeros(*shape, device=d) for d in self.layer_devices]
-        else:
-            self.k = [torch.zeros(shape, dtype=self.dtype, device=d) for d in self.layer_devices]
-            self.v = [torch.zeros(shape, dtype=self.dtype, device=d) for d in self.layer_devices]
+        num_cells = num_chunks * chunk_size
+        # zeros touch every page, so the memory is committed at start
+        def zeros(device: torch.device) -> Cells:
+            if kv_dtype == "int8":
+                return Int8Cells.zeros(num_kv_heads, num_cells, head_dim, device)
+            return DenseCells.zeros(num_kv_heads, num_cells, head_dim, self.dtype, device)
+
+        self.k: list[Cells] = [zeros(d) for d in self.layer_devices]
+        self.v: list[Cells] = [zeros(d) for d in self.layer_devices]
         if pin_memory:  # host K/V in front of an accelerator's ring: copies can be non-blocking
-            self.k = [_pinned(t) for t in self.k]
-            self.v = [_pinned(t) for t in self.v]
+            self.k = [t.pinned() for t in self.k]
+            self.v = [t.pinned() for t in self.v]
         # Called with (flat cell, cells) after a write that does not go through attention
         # (cell copies, session restores): the ring drops its device copies of those cells.
         self.write_listeners: list[Callable[[int, int], None]] = []
@@ -83,7 +86,7 @@ class KVStorage:
         """Runs `copies` in every layer; returns the number of bytes copied."""
         if not copies:
             return 0
-        tensors = [t for kv in (*self.k, *self.v) for t in (kv.parts if isinstance(kv, Int8Cells) else (kv,))]
+        tensors = [t for kv in (*self.k, *self.v) for t in kv.parts]
         for src, dst, n in self._runs(copies):
             for t in tensors:  # K and V (and their int8 scales) of every layer: cells on dim 1
                 t[:, dst : dst + n].copy_(t[:, src : src + n])
@@ -103,8 +106,3 @@ class KVStorage:
         assert all(s + n <= d or d + n <= s for s, d, n in runs), "a copy overlaps its source"
         return [tuple(r) for r in runs]
 
-
-def _pinned(t: torch.Tensor | Int8Cells) -> torch.Tensor | Int8Cells:
-    if isinstance(t, Int8Cells):
-        return Int8Cells(t.data.pin_memory(), t.scale.pin_memory())
-    return t.pin_memory()

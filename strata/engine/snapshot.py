@@ -1,7 +1,7 @@
-"""A frozen view of the engine (pool, lanes, counters), taken on the engine thread.
+"""A frozen view of the engine (pool, lanes, counters): `Engine.snapshot()`.
 
-The engine is not thread-safe, so /metrics and /slots never read it: the engine thread
-builds a new `EngineSnapshot` after every step (and after queued adds and aborts) and
+The engine is not thread-safe, so /metrics and /slots never read it: the thread that steps
+it builds a new `EngineSnapshot` after every step (and after queued adds and aborts) and
 swaps it in with one reference assignment; HTTP handlers read whichever one is current.
 """
 
@@ -10,10 +10,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from strata.engine.engine import Engine
-from strata.engine.stats import PoolCounters
-from strata.engine.spec.drafts import SpecCounters
-from strata.engine.stats import PoolStats
+from strata.cells.ring import KVRing
+from strata.drafting.planner import SpecCounters
+from strata.engine.conversation import Sequence
+from strata.engine.scheduler import Scheduler
+from strata.engine.stats import PoolCounters, PoolStats
 
 
 @dataclass(frozen=True)
@@ -49,10 +50,14 @@ class EngineSnapshot:
         total = self.pool.num_chunks_total
         return self.pool.num_chunks_held / total if total else 0.0
 
+    @property
+    def kv_bytes_held(self) -> int:
+        """K/V bytes of every held chunk (all layers)."""
+        return self.pool.num_chunks_held * self.pool.chunk_size * self.bytes_per_cell
 
-def take_snapshot(engine: Engine) -> EngineSnapshot:
-    """Call on the engine thread only."""
-    scheduler = engine.scheduler
+
+def take_snapshot(scheduler: Scheduler, ring: KVRing | None, retry_after: int, bytes_per_cell: int) -> EngineSnapshot:
+    """Call where the scheduler is not changing (the thread that steps the engine)."""
     stats = scheduler.stats()
     active: set[int] = set()
     lanes = []
@@ -73,7 +78,7 @@ def take_snapshot(engine: Engine) -> EngineSnapshot:
                 num_prompt_tokens=len(seq.prompt_ids) if seq is not None else None,
                 num_output_tokens=seq.num_output if seq is not None else None,
                 num_chunks_shared=stats.shared_chunks_per_lane[lane.index] if stats.shared_chunks_per_lane else 0,
-                ring=engine.ring.lane_stats(lane.index) if engine.ring is not None else None,
+                ring=ring.lane_stats(lane.index) if ring is not None else None,
                 spec=_lane_spec(seq),
             )
         )
@@ -84,15 +89,15 @@ def take_snapshot(engine: Engine) -> EngineSnapshot:
         num_running=len(scheduler.seqs),
         num_queued=len(scheduler.waiting),
         lanes=tuple(lanes),
-        retry_after=engine.retry_after(),
-        max_context=engine.max_context,
-        bytes_per_cell=engine.kv.bytes_per_cell,
-        ring=engine.ring.stats() if engine.ring is not None else None,
+        retry_after=retry_after,
+        max_context=scheduler.max_context,
+        bytes_per_cell=bytes_per_cell,
+        ring=ring.stats() if ring is not None else None,
         spec=dataclasses.replace(scheduler.drafts.counters) if scheduler.drafts is not None else None,
     )
 
 
-def _lane_spec(seq) -> dict | None:
+def _lane_spec(seq: Sequence | None) -> dict | None:
     if seq is None or seq.spec is None:
         return None
     c = seq.spec.counters

@@ -1,6 +1,6 @@
 """The resident K/V ring (`--kv-resident R`): per lane, up to R cells per layer on the device.
 
-The pool (kv/storage.py) lives in host memory and is the source of truth. The ring's
+The pool (cells/storage.py) lives in host memory and is the source of truth. The ring's
 device memory is one arena of page slots per layer (kv/residency.py decides which page
 sits in which slot; a page shared by several conversations is resident once) and a
 staging buffer per device that holds the step's streamed pages for one layer at a time.
@@ -27,24 +27,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from strata.kv.quant import Int8Cells
+from strata.cells.protocol import Cells
+from strata.cells.ring_step import PageMap, RingStep
+from strata.cells.storage import KVStorage
 from strata.kv.residency import LaneReads, Residency, ResidencyPlan
-from strata.kv.ring_step import PageMap, RingStep
 from strata.kv.ring_rule import RingSizing
-from strata.kv.storage import KVStorage
 from strata.step import LaneWork
 
-log = logging.getLogger("strata.ring")  # sizings are shown by default: INFO (see KVRing)
-
-Cells = torch.Tensor | Int8Cells
-
-
-def _zeros_like_layer(host: Cells, num_cells: int, device: torch.device) -> Cells:
-    heads, _, dim = host.shape
-    if isinstance(host, Int8Cells):
-        return Int8Cells.zeros(heads, num_cells, dim, device)
-    return torch.zeros(heads, num_cells, dim, dtype=host.dtype, device=device)
-
+log = logging.getLogger("strata.ring")  # INFO: each sizing (the command line shows them, strata/cli.py)
 
 def merge_runs(pairs: Sequence[tuple[int, int]], length: int) -> list[tuple[int, int, int]]:
     """(src, dst) starts of `length`-cell blocks -> (src, dst, cells) runs, joining blocks that continue each other."""
@@ -98,8 +88,8 @@ class KVRing:
         self.layer_devices = [torch.device(d) for d in layer_devices]
         self.devices = list(dict.fromkeys(self.layer_devices))
         arena_cells = self.num_slots * self.page
-        self.arena_k = [_zeros_like_layer(k, arena_cells, d) for k, d in zip(host.k, self.layer_devices)]
-        self.arena_v = [_zeros_like_layer(v, arena_cells, d) for v, d in zip(host.v, self.layer_devices)]
+        self.arena_k = [k.zeros_like(arena_cells, d) for k, d in zip(host.k, self.layer_devices)]
+        self.arena_v = [v.zeros_like(arena_cells, d) for v, d in zip(host.v, self.layer_devices)]
         self.is_accelerated = any(d.type != "cpu" for d in self.devices)
         num_buffers = 2 if self.is_accelerated else 1
         self.staging: dict[torch.device, list[tuple[Cells, Cells] | None]] = {d: [None] * num_buffers
@@ -107,8 +97,6 @@ class KVRing:
         self.residency = Residency(self.num_slots, policy)
         self.counters = RingCounters()
         host.write_listeners.append(self.on_host_write)
-        if log.level == logging.NOTSET:  # `KV ring adaptive: ...` reaches stderr / the server log
-            log.setLevel(logging.INFO)
 
     # ---- sizing ---------------------------------------------------------------------------
     def lane_ring(self, w: LaneWork, active: set[int]) -> int:
@@ -179,8 +167,7 @@ class KVRing:
             for b, buf in enumerate(buffers):
                 if buf is None or buf[0].shape[1] < cells:
                     grown = max(cells, 2 * buf[0].shape[1]) if buf is not None else cells
-                    buffers[b] = (_zeros_like_layer(self.host.k[0], grown, dev),
-                                  _zeros_like_layer(self.host.v[0], grown, dev))
+                    buffers[b] = (self.host.k[0].zeros_like(grown, dev), self.host.v[0].zeros_like(grown, dev))
 
     def abort(self, step: RingStep) -> None:
         """The step failed part way: its admitted pages may be partly copied, so they leave."""

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from strata.cells.dense import strided
+
 SCALE_DTYPE = torch.float16
 QMAX = 127
 
@@ -71,12 +73,16 @@ class Int8Cells:
         return dequantise(strided(self.data, first, distance, num_slots, num_cells),
                           strided(self.scale, first, distance, num_slots, num_cells), dtype)
 
+    def kernel_view(self, dtype: torch.dtype) -> torch.Tensor | None:
+        return None  # the fused kernels read the compute dtype; int8 is dequantised where read
 
-def strided(t: torch.Tensor, first: int, distance: int, num_slots: int, num_cells: int) -> torch.Tensor:
-    """[slots, kv_heads, num_cells, *rest] view of `t` [kv_heads, cells, *rest]."""
-    head_stride, cell_stride, *rest = t.stride()
-    return t.as_strided(
-        (num_slots, t.shape[0], num_cells, *t.shape[2:]),
-        (distance * cell_stride, head_stride, cell_stride, *rest),
-        t.storage_offset() + first * cell_stride,
-    )
+    def fused_write(self, ops, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, v: Int8Cells,
+                    index: torch.Tensor, num_heads: int, num_kv_heads: int) -> torch.Tensor | None:
+        return None
+
+    def zeros_like(self, num_cells: int, device: torch.device) -> Int8Cells:
+        heads, _, dim = self.data.shape
+        return Int8Cells.zeros(heads, num_cells, dim, device)
+
+    def pinned(self) -> Int8Cells:
+        return Int8Cells(self.data.pin_memory(), self.scale.pin_memory())

@@ -8,7 +8,7 @@ suffix finds its previous occurrence without scanning. No torch here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 DEFAULT_MAX_N = 4
 DEFAULT_MIN_N = 2
@@ -59,17 +59,3 @@ class NgramIndex:
                 stream.append(next_token)
             return stream[:k]
         return []
-
-
-def propose(tokens: Sequence[int], k: int, max_n: int = DEFAULT_MAX_N, min_n: int = DEFAULT_MIN_N) -> list[int]:
-    """What `NgramIndex.propose(k, tokens[-1])` over `tokens[:-1]` gives, by a scan (the
-    reference the index is tested against)."""
-    end = len(tokens) - 1
-    if k <= 0 or end < 1:
-        return []
-    for n in range(min(max_n, end + 1), min_n - 1, -1):
-        suffix = list(tokens[end - n + 1 :])
-        for e in range(end - 1, n - 2, -1):
-            if list(tokens[e - n + 1 : e + 1]) == suffix:
-                return list(tokens[e + 1 : min(e + 1 + k, end + 1)])
-    return []

@@ -11,30 +11,17 @@ from __future__ import annotations
 
 import torch
 
-from strata.kv.quant import Int8Cells
+from strata.cells.protocol import Cells
 
 Tensor = torch.Tensor
-
-
-def _read(t: Tensor | Int8Cells, cells: slice, dtype: torch.dtype) -> Tensor:
-    if isinstance(t, Int8Cells):
-        return t.read(cells, dtype)
-    return t[:, cells].to(dtype)
-
-
-def _write(t: Tensor | Int8Cells, index: Tensor, x: Tensor) -> None:
-    if isinstance(t, Int8Cells):
-        t.write(index, x)
-    else:
-        t.index_copy_(1, index, x.to(t.dtype))
 
 
 class RingCells:
     def __init__(
         self,
-        arena: Tensor | Int8Cells,  # [kv_heads, A, head_dim] this layer's arena
-        staging: Tensor | Int8Cells,  # [kv_heads, >= S, head_dim] the device's staging buffer
-        host: Tensor | Int8Cells,  # [kv_heads, pool cells, head_dim] this layer's pool storage
+        arena: Cells,  # [kv_heads, A, head_dim] this layer's arena
+        staging: Cells,  # [kv_heads, >= S, head_dim] the device's staging buffer
+        host: Cells,  # [kv_heads, pool cells, head_dim] this layer's pool storage
         host_index: Tensor,  # [tokens] the pool cell of each new token (on the host)
         writes: tuple[Tensor, Tensor, Tensor, Tensor],  # rows and cells in the arena, rows and cells in staging
         writeback: list | None,  # None: write the host now; else (host, index, x on host) for finish()
@@ -58,35 +45,52 @@ class RingCells:
             raise TypeError("reads through the ring are slices of one buffer")
         a = self.num_arena_cells
         if cells.stop <= a:
-            return _read(self.arena, cells, dtype)
+            return self.arena.read(cells, dtype)
         assert cells.start >= a, "a ring read crosses from the arena into staging"
-        return _read(self.staging, slice(cells.start - a, cells.stop - a), dtype)
+        return self.staging.read(slice(cells.start - a, cells.stop - a), dtype)
+
+    @property
+    def parts(self) -> tuple[Tensor, ...]:
+        raise TypeError("a ring step's cells are a view for attention: copies go through the pool")
+
+    def read_strided(self, first: int, distance: int, num_slots: int, num_cells: int,
+                     dtype: torch.dtype) -> Tensor:
+        raise TypeError("reads through the ring are slices of one buffer")
+
+    def kernel_view(self, dtype: torch.dtype) -> Tensor | None:
+        return None  # two buffers (arena, staging): attention reads them run by run
 
     def write(self, index: Tensor, x: Tensor) -> None:
         """x [kv_heads, len(index), head_dim] into virtual cells `index` (split by the step
         beforehand into `writes`, so no device sync here) and into its pool cells."""
         arena_rows, arena_cells, staged_rows, staged_cells = self.writes
         if arena_rows.numel() == x.shape[1]:
-            _write(self.arena, arena_cells, x)
+            self.arena.write(arena_cells, x)
         else:
             if arena_rows.numel():
-                _write(self.arena, arena_cells, x.index_select(1, arena_rows))
-            _write(self.staging, staged_cells, x.index_select(1, staged_rows))
+                self.arena.write(arena_cells, x.index_select(1, arena_rows))
+            self.staging.write(staged_cells, x.index_select(1, staged_rows))
         if self.writeback is None:
-            _write(self.host, self.host_index, x)
+            self.host.write(self.host_index, x)
         else:  # an accelerator: the host copy is written once the step's forward is done
             self.writeback.append((self.host, self.host_index, x.to("cpu", non_blocking=True)))
 
-    def fused_write(self, ops, qkv: Tensor, cos: Tensor, sin: Tensor, v: RingCells, num_heads: int,
-                    num_kv_heads: int) -> Tensor | None:
-        """With the fused CPU ops (models/fused.py): rotate q and k of `qkv` [tokens, (heads + 2 *
-        kv_heads) * dim] and write k (into self) and v (into `v`) in one pass per copy, when every
-        new cell is in the arena and all are plain tensors of qkv's dtype; returns q, else None."""
+    def fused_write(self, ops, qkv: Tensor, cos: Tensor, sin: Tensor, v: RingCells, index: Tensor,
+                    num_heads: int, num_kv_heads: int) -> Tensor | None:
+        """The fused rope and write (cells/protocol.py) when every new cell is in the arena and
+        the arena and pool are stored in qkv's dtype (the step's own write index; `index` is
+        the virtual one); else None."""
         arena_rows, arena_cells, _, _ = self.writes
-        plain = (self.arena, v.arena, self.host, v.host)
-        if (self.writeback is not None or arena_rows.numel() != qkv.shape[0]
-                or not all(isinstance(t, Tensor) and t.dtype == qkv.dtype for t in plain)):
+        views = [t.kernel_view(qkv.dtype) for t in (self.arena, v.arena, self.host, v.host)]
+        if self.writeback is not None or arena_rows.numel() != qkv.shape[0] or any(t is None for t in views):
             return None
-        q = ops.rope_write(qkv, cos, sin, self.arena, v.arena, arena_cells, num_heads, num_kv_heads)
-        ops.rope_write(qkv, cos, sin, self.host, v.host, self.host_index, num_heads, num_kv_heads)  # the pool's copy
+        k_arena, v_arena, k_host, v_host = views
+        q = ops.rope_write(qkv, cos, sin, k_arena, v_arena, arena_cells, num_heads, num_kv_heads)
+        ops.rope_write(qkv, cos, sin, k_host, v_host, self.host_index, num_heads, num_kv_heads)  # the pool's copy
         return q
+
+    def zeros_like(self, num_cells: int, device: torch.device) -> Cells:
+        return self.arena.zeros_like(num_cells, device)
+
+    def pinned(self) -> RingCells:
+        raise TypeError("a ring step's cells live on the device")

@@ -1,0 +1,54 @@
+"""The one way the model reads and writes K/V: one layer's K (or V) cells.
+
+Attention (models/attention.py, models/cell_reads.py) knows only this protocol; its
+implementations are `DenseCells` (cells/dense.py: the K/V dtype as stored), `Int8Cells`
+(cells/int8.py: int8 values plus a float16 scale per cell and head, dequantised where
+read) and `RingCells` (cells/ring_cells.py: one step's view through the resident ring).
+
+Shapes: a layer's cells are [kv_heads, cells, head_dim] with cells on dim 1 in every part
+(so a cell copy, a session record or a page stream copies `parts` along dim 1).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+
+class Cells(Protocol):
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(kv_heads, cells, head_dim)."""
+
+    @property
+    def parts(self) -> tuple[torch.Tensor, ...]:
+        """The tensors holding the cells, cells on dim 1 (what a copy of cells copies)."""
+
+    def read(self, cells: slice | torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """[kv_heads, n, head_dim] in `dtype`: a slice of cells (a view where the dtypes agree) or
+        a gather of flat cell indices."""
+
+    def read_strided(self, first: int, distance: int, num_slots: int, num_cells: int,
+                     dtype: torch.dtype) -> torch.Tensor:
+        """[slots, kv_heads, num_cells, head_dim]: slot s's cells start at `first + s * distance`."""
+
+    def write(self, index: torch.Tensor, x: torch.Tensor) -> None:
+        """x [kv_heads, len(index), head_dim] into the cells `index`."""
+
+    def kernel_view(self, dtype: torch.dtype) -> torch.Tensor | None:
+        """The storage itself, [kv_heads, cells, head_dim], when the fused CPU kernels can read and
+        write it in place (stored as `dtype`); None otherwise."""
+
+    def fused_write(self, ops, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, v: Cells,
+                    index: torch.Tensor, num_heads: int, num_kv_heads: int) -> torch.Tensor | None:
+        """With the fused CPU ops (models/fused.py): rotate q and k of `qkv` [tokens, (heads + 2 *
+        kv_heads) * head_dim], write k into these cells and v into `v` at `index`, in one pass;
+        returns q [tokens, heads, head_dim], or None where the cells cannot be written so (the
+        caller then rotates and writes through `write`)."""
+
+    def zeros_like(self, num_cells: int, device: torch.device) -> Cells:
+        """Zeroed cells of this kind and geometry, `num_cells` of them, on `device`."""
+
+    def pinned(self) -> Cells:
+        """The same cells in pinned host memory (for non-blocking copies to an accelerator)."""

@@ -1,0 +1,118 @@
+"""Building an engine's parts from its config: the model, the K/V layout and storage, the ring,
+the runner and the scheduler (with its draft planner), after the memory guard has added up
+what they will hold and before any of it is allocated."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from strata.cells.ring import KVRing
+from strata.cells.storage import KVStorage, kv_bytes_per_cell
+from strata.config import EngineConfig, check_pool_covers_context
+from strata.drafting.draft_model import check_draft_vocab, load_draft_model
+from strata.drafting.planner import DraftPlanner, ModelPlanner, NgramPlanner
+from strata.engine.memory import MemoryPlan, check_memory
+from strata.engine.scheduler import Scheduler
+from strata.kv.layout import KVLayout, PooledLayout
+from strata.kv.reserve import ReservedLayout
+from strata.kv.ring_rule import round_up
+from strata.loader import ModelSource
+from strata.loader.build import TORCH_DTYPES
+from strata.loader.model_load import ModelLoad
+from strata.loader.tokenizer import Tokenizer
+from strata.models.config import ModelConfig
+from strata.models.layers import INT4_MAX_ROWS
+from strata.models.llama import LlamaModel
+from strata.runner.runner import ModelRunner
+
+log = logging.getLogger("strata")
+
+
+@dataclass
+class EngineParts:
+    model_config: ModelConfig
+    tokenizer: Tokenizer
+    fingerprint: str
+    loaded_from_cache: bool  # the prepared-model cache had this build
+    max_context: int
+    layout: KVLayout
+    kv: KVStorage
+    ring: KVRing | None
+    model: LlamaModel
+    runner: ModelRunner
+    scheduler: Scheduler
+
+
+def num_weight_params(cfg: ModelConfig) -> int:
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    per_layer = cfg.hidden_size * (q + 2 * kv) + q * cfg.hidden_size + 3 * cfg.hidden_size * cfg.intermediate_size
+    embed = cfg.vocab_size * cfg.hidden_size
+    return embed * (1 if cfg.tie_embeddings else 2) + cfg.num_layers * per_layer
+
+
+def make_layout(config: EngineConfig, max_context: int) -> KVLayout:
+    if config.kv_pool_tokens is not None:
+        check_pool_covers_context(config.kv_pool_tokens, max_context, config.kv_chunk)
+        return PooledLayout(config.kv_pool_tokens // config.kv_chunk, config.kv_chunk)
+    return ReservedLayout(config.num_lanes, max_context, config.kv_chunk)
+
+
+def _memory_plan(config: EngineConfig, cfg: ModelConfig, layout: KVLayout, draft: ModelLoad | None) -> MemoryPlan:
+    """The weights and every K/V byte the engine will hold (the ring's arena too on the CPU)."""
+    cells = layout.pool.num_cells_total
+    per_cell = kv_bytes_per_cell(config.kv_dtype, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
+    kv_bytes = cells * per_cell
+    if config.kv_resident is not None and all(d == "cpu" for d in config.devices):  # the arena is host memory too
+        kv_bytes += round_up(config.ring_budget, config.page) * per_cell
+    weight_elem = torch.empty(0, dtype=TORCH_DTYPES[config.dtype]).element_size()
+    weight_bytes = num_weight_params(cfg) * weight_elem
+    if draft is not None:  # its weights, and its K/V in every chunk of the pool
+        d = draft.config
+        weight_bytes += num_weight_params(d) * weight_elem
+        kv_bytes += cells * kv_bytes_per_cell(config.kv_dtype, d.num_layers, d.num_kv_heads, d.head_dim)
+    return MemoryPlan(weight_bytes, kv_bytes)
+
+
+def _planner(config: EngineConfig, layout: KVLayout, max_context: int, model: LlamaModel) -> DraftPlanner | None:
+    """The draft planner of `--spec`; drafts never take a step past the 4-bit kernel's rows."""
+    if config.spec == "off":
+        return None
+    planner = ModelPlanner if config.spec == "draft" else NgramPlanner
+    return planner(config.spec_k, layout, max_context, INT4_MAX_ROWS if model.has_int4 else None)
+
+
+def build_parts(config: EngineConfig, source: ModelSource | None, progress: bool) -> EngineParts:
+    load = ModelLoad(config.model, config.dtype, config.weights, config.devices, source)
+    cfg = load.config
+    max_context = config.max_context or cfg.max_position
+    if max_context > cfg.max_position:
+        log.warning("--max-context %d is beyond the model's trained length %d: quality may drop",
+                    max_context, cfg.max_position)
+    layout = make_layout(config, max_context)
+    pool = layout.pool
+    draft_load = None
+    if config.spec == "draft":
+        draft_load = ModelLoad(config.draft_model, config.dtype, config.weights, config.devices)
+        check_draft_vocab(draft_load, config.draft_model, cfg.vocab_size)  # before anything is allocated
+    check_memory(_memory_plan(config, cfg, layout, draft_load), config.memory_guard_mib, config.is_pooled)
+    model = load.build(max_context, progress, config.fused)
+    ring = None
+    if config.kv_resident is None:
+        kv = KVStorage(pool.num_total, pool.chunk_size, cfg.num_kv_heads, cfg.head_dim, config.kv_dtype,
+                       model.layer_devices)
+    else:  # the pool in host memory, a ring of pages on each layer's device in front of it
+        accelerated = any(d.type != "cpu" for d in model.layer_devices)
+        kv = KVStorage(pool.num_total, pool.chunk_size, cfg.num_kv_heads, cfg.head_dim, config.kv_dtype,
+                       [torch.device("cpu")] * cfg.num_layers, pin_memory=accelerated)
+        ring = KVRing(kv, config.ring_sizing, config.kv_evict, config.ring_budget, model.layer_devices)
+    draft = None
+    if draft_load is not None:
+        draft = load_draft_model(draft_load, config.kv_dtype, pool, max_context, progress, config.fused)
+    runner = ModelRunner(model, kv, ring, draft)
+    scheduler = Scheduler(layout, config.num_lanes, max_context, config.prefill_chunk, config.prefill_alone,
+                          _planner(config, layout, max_context, model))
+    return EngineParts(cfg, load.tokenizer, load.fingerprint, load.from_cache, max_context, layout, kv, ring, model,
+                       runner, scheduler)

@@ -1,0 +1,52 @@
+"""One batched forward over lanes' chunk tables, reading a model's own K/V storage in place.
+
+The runner uses it for its model when no ring sits in front of the pool, and hands one to
+the draft model's drafter (drafting/draft_model.py) for the draft model's K/V.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from strata.cells.storage import KVStorage
+from strata.models.llama import LlamaModel
+from strata.runner.inputs import StepInputs, build_inputs
+from strata.runner.reads import ChunkCells
+from strata.step import LaneWork
+
+
+class LaneForward:
+    def __init__(self, model: LlamaModel, kv: KVStorage):
+        self.model = model
+        self.kv = kv
+        # Strided and by-run decode reads (overlapping K/V views) on CPU only: accelerator SDPA
+        # kernels have mishandled unusual K/V strides, and none was lent to test them; they gather.
+        is_cpu = all(d.type == "cpu" for d in model.devices)
+        self.cells = ChunkCells(kv.chunk_size, kv.num_chunks * kv.chunk_size if is_cpu else None)
+
+    def inputs(self, work: Sequence[LaneWork], fused_decode: bool = True) -> StepInputs:
+        """`work`'s batched inputs; `fused_decode`: decode rows through the fused kernel where the
+        model and K/V allow it."""
+        kernel = self.model.decode_attention_kernel(self.kv.dtype) if fused_decode else None
+        return build_inputs(work, self.cells, kernel)
+
+    def logits(self, inputs: StepInputs, logits_rows: torch.Tensor, kv=None, meta=None) -> torch.Tensor:
+        """Float32 logits [rows, vocab] of `inputs`; `kv` and `meta`: another view of the cells
+        and its addressing (the ring's step), else this storage read in place."""
+        m = self.model
+        meta = inputs.meta if meta is None else meta
+        return m.forward(
+            inputs.input_ids.to(m.layer_devices[0], non_blocking=True),
+            {d: inputs.positions.to(d, non_blocking=True) for d in m.devices},
+            {d: meta.to(d) for d in m.devices},
+            self.kv if kv is None else kv,
+            logits_rows.to(m.layer_devices[-1], non_blocking=True),
+        )
+
+    @torch.inference_mode()
+    def sample_logits(self, work: Sequence[LaneWork]) -> tuple[torch.Tensor, tuple[LaneWork, ...]]:
+        """Logits of the rows that sample, and their lanes in row order."""
+        inputs = self.inputs(work)
+        return self.logits(inputs, inputs.logits_rows), inputs.sample_work

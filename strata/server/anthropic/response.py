@@ -1,0 +1,36 @@
+"""A Messages response as server/respond.py streams it (`ResponseFormat`): Anthropic's events
+(`message_start` ... `message_stop`), `ping` while nothing happens, an `error` event after
+the stream started, and the whole `message` body."""
+
+from __future__ import annotations
+
+from strata.engine.interface import Collected, RequestOutput
+from strata.server.anthropic.errors import error_event_payload
+from strata.server.anthropic.shapes import PING, MessageFormat, event
+from strata.server.handle import Admitted, Event
+
+
+class MessagesResponse:
+    def __init__(self, fmt: MessageFormat):
+        self._fmt = fmt
+
+    def opening(self, first: Event | None) -> list[str]:
+        # Not admitted yet: message_start says 0 cached; message_delta's usage says how many were reused.
+        cached = first.num_cached_tokens if isinstance(first, (Admitted, RequestOutput)) else 0
+        return self._fmt.opening(cached)
+
+    def delta(self, out: RequestOutput) -> list[str]:
+        delta = self._fmt.delta(out.new_text)
+        return [] if delta is None else [delta]
+
+    def closing(self, final: RequestOutput) -> list[str]:
+        return self._fmt.closing(final)
+
+    def error(self, error: BaseException) -> list[str]:
+        return [event("error", error_event_payload(error))]
+
+    def keepalive(self, admitted: bool) -> str:
+        return PING
+
+    def whole(self, got: Collected) -> dict:
+        return self._fmt.message(got.text, got.final).model_dump(mode="json")
