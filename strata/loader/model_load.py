@@ -24,8 +24,9 @@ class ModelLoad:
         self.dtype, self.weights, self.devices = dtype, weights, tuple(devices)
         self.key = None
         self.cached = None
+        self.path = source.path if source is not None else (default_model_path() if path is None else path)
         if source is None:
-            path = default_model_path() if path is None else path
+            path = self.path
             self.key = prepared.cache_key(path, dtype, weights, self.devices)
             self.cached = prepared.load(self.key) if self.key is not None else None
             if self.cached is None:

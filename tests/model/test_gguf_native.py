@@ -25,6 +25,7 @@ from strata.loader.tokenizer import Tokenizer
 from strata.models.head import QuantHead
 from strata.models.quant import KERNEL_TYPES
 from strata.sampling import SamplingParams
+from strata.testing import prompt_logits
 from tests.conftest import require
 from tests.model import tiny_gguf
 from tests.model.tiny_gguf import VOCAB, random_blocks, write_gguf
@@ -75,7 +76,7 @@ def engine(path: str, weights: str, dtype: str = "float32") -> Engine:
 
 
 def greedy(e: Engine, ids: list[int], n: int = 16) -> list[int]:
-    e.add_request(ids, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+    e.submit(ids, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
     return [t for out in e.run_until_done() for t in out.new_token_ids]
 
 
@@ -87,7 +88,7 @@ def kernel_file(request, tmp_path_factory, fields) -> tuple[QT, str]:
 
 def test_native_holds_the_files_blocks(kernel_file):
     qtype, path = kernel_file
-    model = engine(path, "native").model
+    model = engine(path, "native")._model
     stored = {t.name: int(t.n_bytes) for t in GGUFReader(path).tensors if t.tensor_type == qtype}
     held = 0
     for layer in model.layers:
@@ -110,8 +111,8 @@ def test_native_greedy_equals_dense(kernel_file):
     _, path = kernel_file
     dense, native = engine(path, "dense"), engine(path, "native")
     ids = dense.tokenizer.encode(PROMPT)
-    expected = dense.prompt_logits(ids)
-    got = native.prompt_logits(ids)
+    expected = prompt_logits(dense, ids)
+    got = prompt_logits(native, ids)
     assert (got - expected).abs().max().item() <= 1e-4 * expected.abs().max().item()
     assert len(set(expected.argmax(dim=-1).tolist())) > 3  # the model answers its input: a wrong weight shows
     assert greedy(native, ids) == greedy(dense, ids)
@@ -124,8 +125,8 @@ def test_native_bfloat16_reads_8_bit_activations_close_to_dense(kernel_file):
     _, path = kernel_file
     dense, native = engine(path, "dense"), engine(path, "native", "bfloat16")
     ids = dense.tokenizer.encode(PROMPT)
-    expected = dense.prompt_logits(ids)
-    got = native.prompt_logits(ids)
+    expected = prompt_logits(dense, ids)
+    got = prompt_logits(native, ids)
     assert (got - expected).abs().max().item() <= 0.05 * expected.abs().max().item()
 
 
@@ -136,7 +137,7 @@ def test_types_without_a_kernel_load_dense_with_one_warning(qtype, tmp_path, fie
         native = engine(path, "native")
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and qtype.name in warnings[0] and "MiB in float32" in warnings[0], warnings
-    assert all(layer.qkv.weight is not None and layer.qkv.quant is None for layer in native.model.layers)
+    assert all(layer.qkv.weight is not None and layer.qkv.quant is None for layer in native._model.layers)
     dense = engine(path, "dense")
     ids = dense.tokenizer.encode(PROMPT)
     assert greedy(native, ids) == greedy(dense, ids)
@@ -189,3 +190,19 @@ def test_a_refused_file_fails_before_any_tensor_is_read_or_hashed(what, spies, t
         engine(path, "auto")
     assert spies == []
 
+
+
+def test_the_memory_guard_counts_the_files_blocks_under_native(tmp_path, fields, monkeypatch):
+    """native holds the file's blocks: the guard adds up the file's bytes, not a dense copy."""
+    import os
+
+    import strata.engine.build as build
+
+    path = tiny_file(tmp_path, QT.Q4_K, fields, tied=False)
+    plans = {}
+    monkeypatch.setattr(build, "check_memory", lambda plan, *a: plans.setdefault(len(plans), plan))
+    engine(path, "native", "bfloat16")
+    engine(path, "dense", "bfloat16")
+    native, dense = plans[0], plans[1]
+    assert native.weight_bytes == os.path.getsize(path) < dense.weight_bytes
+    assert native.kv_bytes == dense.kv_bytes
