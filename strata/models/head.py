@@ -96,10 +96,11 @@ def make_head(weight: torch.Tensor | None, quant: QuantWeight | None, weight_mod
               device: torch.device) -> DenseHead:
     """`weight`: [vocab, hidden] in the compute dtype on `device`, or None (native: only `quant`,
     the file's blocks). native reads `quant` in place at every step. auto in bfloat16 reads the
-    int8 copy at decode steps (torch's int8 kernel: 4.4 ms a row against 5.1 ms for the file's
-    Q8_0 blocks in place, benchmarks/quant_kernels.py --head); auto in float32 reads `quant` in
-    place at steps of up to QUANT_HEAD_MAX_ROWS rows (the dense weight's exact values against
-    float32 activations: 7.7 ms a row against 66 ms dense). dense reads the dense weight."""
+    int8 copy at decode steps (torch's int8 kernel against the default model's Q8_0 blocks in
+    place, one thread: a tie at 1 row, 6.3 against 7.5 ms at 4; benchmarks/quant_kernels.py
+    --head); auto in float32 reads `quant` in place at steps of up to QUANT_HEAD_MAX_ROWS rows
+    (the dense weight's exact values against float32 activations: a tie at 1 row, 11.7 against
+    20.2 ms at 4, 18.9 against 32.4 at 8). dense reads the dense weight."""
     in_place = (quant is not None and device.type == "cpu" and weight_mode != "dense"
                 and load_quant_ops() is not None)
     if in_place and weight_mode == "native":

@@ -4,13 +4,15 @@ Which form a projection reads (`fused_linear`), as measured by benchmarks/quant_
 (one decoder layer of the default model, 1 thread, a Sapphire Rapids guest with AMX):
 
 - `--weights native`: the file's blocks (models/quant.py) at every step, any dtype;
-- `--weights auto`, bfloat16: decode steps of at most `quant_max_rows()` rows read Q4_0,
-  Q4_1 and Q4_K through torch's int4 kernel (q4.py; 1 row 0.29 ms against 0.37 ms for
-  strata's kernel on Q4_1) and every other type through strata's kernel (Q8_0 0.29 ms);
-  longer steps read the dense copy, whose bfloat16 GEMM runs on AMX tiles and is flat in
-  rows (0.6 ms: faster than any 4-bit path from about 6 rows on);
+- `--weights auto`, bfloat16: decode steps of at most `quant_max_rows()` rows read Q4_0 and
+  Q4_1 through torch's int4 kernel (q4.py; 1 row 0.29 ms against 0.40 ms for strata's
+  kernel) and every other type through strata's kernel (Q8_0 0.31 ms; on a 1024-wide layer
+  Q4_K 0.61 ms against 0.79 ms for its int4 form); longer steps read the dense copy, whose
+  bfloat16 GEMM runs on AMX tiles and is flat in rows (0.7-0.8 ms: faster than any 4-bit
+  path from about 6 rows on);
 - `--weights auto`, float32: steps of up to 8 rows read the blocks in place against float32
-  activations, exact values (1 row 0.84 ms against 1.6 ms dense float32), longer ones dense;
+  activations, exact values (1 row 0.93 ms against 0.70 ms dense float32, 8 rows 1.9 against
+  1.8, but 4 rows 1.2 against 1.2; torch's int4 kernel takes 9 ms), longer ones dense;
 - `--weights dense`, or a layer on an accelerator: dense.
 """
 
@@ -29,6 +31,9 @@ from strata.models.quant import QuantMatmul, QuantWeight
 # with AMX, bfloat16 dense GEMMs win from fewer rows (see the module docstring).
 QUANT_MAX_ROWS = 8
 QUANT_MAX_ROWS_AMX_BF16 = 4
+# The types torch's int4 kernel reads faster than strata's own (bfloat16, decode rows); Q4_K
+# maps onto it too (q4.py) but strata's kernel measured faster.
+INT4_FASTER = (Q4_TYPES[0], Q4_TYPES[1])
 
 
 def quant_max_rows(dtype: torch.dtype) -> int:
@@ -125,7 +130,7 @@ def fused_linear(
         if any(q is None for q in quant):
             return Linear(all_dense(), bias)
         rows = quant_max_rows(dtype)
-        if dtype == torch.bfloat16 and all(q.qtype in Q4_TYPES for q in quant):
+        if dtype == torch.bfloat16 and all(q.qtype in INT4_FASTER for q in quant):
             q4 = Q4Weight.cat([q4_from_blocks(q.raw.numpy(), q.qtype, (q.out_features, q.in_features)) for q in quant])
             return Linear(all_dense(), bias, int4=pack_for_cpu(q4, dtype), max_rows=rows)
         return Linear(all_dense(), bias, QuantMatmul(quant), max_rows=rows)
