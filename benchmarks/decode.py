@@ -1,22 +1,26 @@
-"""Prefill and decode speed on the default model: strata vs transformers (vs llama.cpp).
+"""Prefill and decode speed on one GGUF file: strata vs llama.cpp (vs transformers).
 
 Each arm runs in its own interpreter (so load time and peak RSS are its own), arms are
 interleaved over several rounds, and the table reports medians and each strata row's
-ratio to each peer. Same file (the SmolLM2-135M-Instruct Q4_1 GGUF), same dtype (bf16
-compute), same thread count, a 512-token prompt.
+ratio to each peer. Same file (`--model`, the default model's SmolLM2-135M-Instruct Q4_1
+GGUF unless given), the same token ids for every arm (tokenized once, here), bf16 compute,
+the same thread count, a 512-token prompt.
 
-Strata runs three ways, so that each comparison is like for like: `--weights auto` (its
-default: decode steps read the GGUF's 4-bit blocks, prompt pieces a dense copy),
+Strata runs up to four ways, so that each comparison is like for like: `--weights auto`
+(its default: decode steps read the file's quantized blocks in place, prompt pieces a
+dense copy), `--weights native` (the file's blocks only, at every step: the memory mode),
 `--weights dense` (dequantised bf16 weights, as transformers holds them), and `--weights
-auto` with `--kv-pool-tokens` (the shared pool, sized as the 8 lanes' reservations, in
-place of the reserved layout; the "pool / reserved" row shows what the pool costs at
-short contexts). transformers runs dense bf16; llama.cpp reads the 4-bit file.
+auto` with `--kv-pool-tokens` (the shared pool, sized as the 8 lanes' reservations; the
+"pool / reserved" row shows what the pool costs at short contexts). transformers runs
+dense bf16; llama.cpp reads the file as it is.
 
-    python benchmarks/decode.py [--rounds 3] [--new 128] [--threads 2] [--strata auto,dense,pool]
+    python benchmarks/decode.py [--model PATH] [--label TEXT] [--rounds 3] [--new 128] [--threads 2]
+                                [--strata auto,native,dense,pool] [--peers transformers,llama.cpp]
 
 llama.cpp runs when `llama_cpp` (llama-cpp-python, the optional `llamacpp` extra) is
-importable: its high-level API for prefill and one lane, its low-level batch API (one
-llama_decode per step for all 8 sequences) for the 8-lane column.
+importable (benchmarks/decode_parts/llamacpp.py). Peak RSS is each process's whole peak;
+"over runtime" subtracts the RSS its runtime had after import, before loading the model
+(torch for strata and transformers, llama_cpp for llama.cpp): what the engine itself holds.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import interleaved, medians, peak_rss_mib, print_table, run_arm, write_json
+from benchmarks.common import interleaved, medians, peak_rss_mib, print_table, rss_mib, run_arm, write_json
+from benchmarks.decode_parts import llamacpp
 from benchmarks.decode_parts.plot import plot
 
 PARAGRAPH = (
@@ -38,10 +43,16 @@ PARAGRAPH = (
 )
 LANES = 8
 KV_CHUNK = 128  # each lane reserves about what it uses, as transformers' static cache does
-STRATA_ARMS = {"auto": "strata", "dense": "strata-dense", "pool": "strata-pool"}  # --strata value -> arm
-LABELS = {"strata": "strata 4-bit (--weights auto)", "strata-dense": "strata dense (--weights dense)",
-          "strata-pool": "strata 4-bit, pool (--kv-pool-tokens)", "transformers": "transformers dense bf16",
-          "llama.cpp": "llama.cpp Q4_1"}
+# --strata value -> arm
+STRATA_ARMS = {"auto": "strata", "native": "strata-native", "dense": "strata-dense", "pool": "strata-pool"}
+PEERS = ("transformers", "llama.cpp")
+
+
+def labels(label: str) -> dict[str, str]:
+    return {"strata": f"strata {label} (--weights auto)", "strata-native": f"strata {label} (--weights native)",
+            "strata-dense": "strata dense bf16 (--weights dense)",
+            "strata-pool": f"strata {label}, pool (--kv-pool-tokens)", "transformers": "transformers dense bf16",
+            "llama.cpp": f"llama.cpp {label}"}
 
 
 def prompt_ids(tokenizer, n: int, variant: int) -> list[int]:
@@ -49,14 +60,30 @@ def prompt_ids(tokenizer, n: int, variant: int) -> list[int]:
     return ids[:n]
 
 
-def speeds(args, load_s: float, prefill_s: float, dec1_s: float, dec8_s: float) -> dict:
+def all_prompts(model: str, n: int) -> dict:
+    """The token ids every arm reads (strata's tokenizer of the file; each arm gets the same)."""
+    from strata.loader import open_model
+
+    tok = open_model(model).tokenizer
+    return {"warmup": prompt_ids(tok, 64, 99), "prefill": [prompt_ids(tok, n, v) for v in range(3)],
+            "one": prompt_ids(tok, n, 10), "eight": [prompt_ids(tok, n, 20 + i) for i in range(LANES)]}
+
+
+def read_prompts(args) -> dict:
+    with open(args.prompts) as f:
+        return json.load(f)
+
+
+def speeds(args, load_s: float, prefill_s: float, dec1_s: float, dec8_s: float, base_rss: float) -> dict:
     """One arm's row: seconds in, rates out."""
+    peak = peak_rss_mib()
     return {
         "load_s": load_s,
         "prefill_tok_s": args.prompt / prefill_s,
         "decode_tok_s": args.new / dec1_s,
         "decode8_tok_s": LANES * args.new / dec8_s,
-        "peak_rss_mib": peak_rss_mib(),
+        "peak_rss_mib": peak,
+        "peak_over_runtime_mib": peak - base_rss,
     }
 
 
@@ -68,14 +95,16 @@ def arm_strata(args) -> dict:
     from strata.sampling import SamplingParams
 
     torch.set_num_threads(args.threads)
+    prompts = read_prompts(args)
+    base_rss = rss_mib()
     t0 = time.perf_counter()
-    engine = Engine(EngineConfig(dtype="bfloat16", weights=args.weights, max_context=max_context(args),
+    engine = Engine(EngineConfig(model=args.model, dtype="bfloat16", weights=args.weights,
+                                 max_context=max_context(args),
                                  batch=LANES - 1, kv_chunk=KV_CHUNK, kv_pool_tokens=args.kv_pool_tokens,
                                  prefill_chunk=args.prompt, threads=args.threads,
                                  spec="off"),  # one token a step, as the peers decode (drafts: spec.py)
                     progress=False)
     load_s = time.perf_counter() - t0
-    tok = engine.tokenizer
 
     def run(prompts, max_tokens):
         """Seconds to the last lane's first token, and from there to the end."""
@@ -93,11 +122,11 @@ def arm_strata(args) -> dict:
                 t_first = time.perf_counter()
         return t_first - t, time.perf_counter() - t_first
 
-    run([prompt_ids(tok, 64, 99)], 4)  # warm-up
-    prefill_s = min(run([prompt_ids(tok, args.prompt, v)], 1)[0] for v in range(3))
-    _, dec1 = run([prompt_ids(tok, args.prompt, 10)], args.new + 1)
-    _, dec8 = run([prompt_ids(tok, args.prompt, 20 + i) for i in range(LANES)], args.new + 1)
-    return speeds(args, load_s, prefill_s, dec1, dec8)
+    run([prompts["warmup"]], 4)  # warm-up
+    prefill_s = min(run([ids], 1)[0] for ids in prompts["prefill"])
+    _, dec1 = run([prompts["one"]], args.new + 1)
+    _, dec8 = run(prompts["eight"], args.new + 1)
+    return speeds(args, load_s, prefill_s, dec1, dec8, base_rss)
 
 
 def max_context(args) -> int:
@@ -107,6 +136,11 @@ def max_context(args) -> int:
 def arm_strata_dense(args) -> dict:
     """The strata arm with dequantised weights (`--weights dense`)."""
     return arm_strata(argparse.Namespace(**{**vars(args), "weights": "dense"}))
+
+
+def arm_strata_native(args) -> dict:
+    """The strata arm holding only the file's quantized blocks (`--weights native`)."""
+    return arm_strata(argparse.Namespace(**{**vars(args), "weights": "native"}))
 
 
 def arm_strata_pool(args) -> dict:
@@ -120,15 +154,12 @@ def arm_transformers(args) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from strata.loader import open_model
-    from strata.loader.default import default_model_path
-
     torch.set_num_threads(args.threads)
-    path = default_model_path()
-    tok = open_model(path).tokenizer
+    prompts = read_prompts(args)
+    base_rss = rss_mib()
     t0 = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.bfloat16
+        os.path.dirname(args.model), gguf_file=os.path.basename(args.model), dtype=torch.bfloat16
     ).eval()
     load_s = time.perf_counter() - t0
     # The "dense bf16" label: transformers unpacks this architecture's GGUF blocks on load (its
@@ -145,142 +176,98 @@ def arm_transformers(args) -> dict:
                            do_sample=False, cache_implementation="static", pad_token_id=2)
         return time.perf_counter() - t
 
-    gen([prompt_ids(tok, 64, 99)], 4)  # warm-up
-    prefill_s = min(gen([prompt_ids(tok, args.prompt, v)], 1) for v in range(3))
-    one = [prompt_ids(tok, args.prompt, 10)]
+    gen([prompts["warmup"]], 4)  # warm-up
+    prefill_s = min(gen([ids], 1) for ids in prompts["prefill"])
+    one = [prompts["one"]]
     dec1 = gen(one, args.new + 1) - gen(one, 1)
-    eight = [prompt_ids(tok, args.prompt, 20 + i) for i in range(LANES)]
+    eight = prompts["eight"]
     dec8 = gen(eight, args.new + 1) - gen(eight, 1)
-    return speeds(args, load_s, prefill_s, dec1, dec8)
+    return speeds(args, load_s, prefill_s, dec1, dec8, base_rss)
 
 
 def arm_llamacpp(args) -> dict:
-    from llama_cpp import Llama
-
-    from strata.loader import open_model
-    from strata.loader.default import default_model_path
-
-    path = default_model_path()
-    tok = open_model(path).tokenizer
-    t0 = time.perf_counter()
-    llm = Llama(model_path=path, n_ctx=args.prompt + args.new + 8, n_threads=args.threads,
-                n_threads_batch=args.threads, n_batch=args.prompt, verbose=False)
-    load_s = time.perf_counter() - t0
-
-    def prefill(ids) -> float:
-        llm.reset()
-        t = time.perf_counter()
-        llm.eval(ids)
-        return time.perf_counter() - t
-
-    prefill(prompt_ids(tok, 64, 99))
-    prefill_s = min(prefill(prompt_ids(tok, args.prompt, v)) for v in range(3))
-    import numpy as np
-
-    def last_logits():  # the last evaluated token's logits (llama-cpp-python keeps no copy)
-        return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
-
-    prefill(prompt_ids(tok, args.prompt, 10))
-    token = int(np.argmax(last_logits()))
-    t = time.perf_counter()
-    for _ in range(args.new):  # greedy, one token per eval: llama.cpp's own decode step
-        llm.eval([token])
-        token = int(np.argmax(last_logits()))
-    dec1 = time.perf_counter() - t
-    llm.close()  # its context and K/V go before the 8-lane context is made
-    return speeds(args, load_s, prefill_s, dec1, llamacpp_decode_lanes(args, path, tok))
+    r = llamacpp.run(args, read_prompts(args), LANES)
+    return speeds(args, r["load_s"], r["prefill_s"], r["dec1_s"], r["dec8_s"], r["base_rss_mib"])
 
 
-def llamacpp_decode_lanes(args, path: str, tok) -> float:
-    """Seconds for `args.new` greedy steps of LANES sequences decoded together: one
-    llama_decode per step over a batch of one token per sequence (llama.cpp's own
-    continuous batching, as llama-server and batched-bench drive it)."""
-    import llama_cpp
-    import numpy as np
-    from llama_cpp import _internals
-
-    mparams = llama_cpp.llama_model_default_params()
-    model = _internals.LlamaModel(path_model=path, params=mparams, verbose=False)
-    cparams = llama_cpp.llama_context_default_params()
-    cparams.n_ctx = LANES * -(-(args.prompt + args.new + 8) // 256) * 256  # its cache comes in 256-cell steps
-    cparams.n_batch = cparams.n_ubatch = args.prompt
-    cparams.n_seq_max = LANES
-    cparams.n_threads = cparams.n_threads_batch = args.threads
-    ctx = _internals.LlamaContext(model=model, params=cparams, verbose=False)
-    batch = _internals.LlamaBatch(n_tokens=max(args.prompt, LANES), embd=0, n_seq_max=LANES, verbose=False)
-    n_vocab = model.n_vocab()
-
-    def argmax(i: int) -> int:
-        return int(np.argmax(np.ctypeslib.as_array(ctx.get_logits_ith(i), shape=(n_vocab,))))
-
-    tokens = []
-    for s in range(LANES):  # each lane's prompt, then its first token
-        batch.reset()
-        batch.add_sequence(prompt_ids(tok, args.prompt, 20 + s), s, False)
-        ctx.decode(batch)
-        tokens.append(argmax(args.prompt - 1))
-    b = batch.batch
-    t = time.perf_counter()
-    for step in range(args.new):
-        b.n_tokens = LANES
-        for s in range(LANES):
-            b.token[s], b.pos[s], b.n_seq_id[s], b.logits[s] = tokens[s], args.prompt + step, 1, True
-            b.seq_id[s][0] = s
-        ctx.decode(batch)
-        tokens = [argmax(s) for s in range(LANES)]
-    return time.perf_counter() - t
-
-
-ARMS = {"strata": arm_strata, "strata-dense": arm_strata_dense, "strata-pool": arm_strata_pool,
-        "transformers": arm_transformers, "llama.cpp": arm_llamacpp}
-METRICS = ["prefill_tok_s", "decode_tok_s", "decode8_tok_s", "load_s", "peak_rss_mib"]
+ARMS = {"strata": arm_strata, "strata-native": arm_strata_native, "strata-dense": arm_strata_dense,
+        "strata-pool": arm_strata_pool, "transformers": arm_transformers, "llama.cpp": arm_llamacpp}
+METRICS = ["prefill_tok_s", "decode_tok_s", "decode8_tok_s", "load_s", "peak_rss_mib", "peak_over_runtime_mib"]
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--arm", choices=sorted(ARMS))
+    p.add_argument("--model", default=None, help="a GGUF file (default: the default model's)")
+    p.add_argument("--label", default=None, help="what the file holds, for the table (default: its name)")
+    p.add_argument("--prompts", default=None, help=argparse.SUPPRESS)  # the arms' token ids (a JSON file)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--prompt", type=int, default=512)
     p.add_argument("--new", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--strata", default="auto,dense,pool",
-                   help="strata rows: auto (--weights auto), dense (--weights dense), pool (--kv-pool-tokens)")
+    p.add_argument("--strata", default="auto,native,dense,pool",
+                   help="strata rows: auto, native, dense (--weights) and pool (--kv-pool-tokens)")
+    p.add_argument("--peers", default=",".join(PEERS), help="peer rows: transformers, llama.cpp")
     p.set_defaults(weights="auto", kv_pool_tokens=None)  # the strata arm's; its variants replace them
     args = p.parse_args()
     if args.arm:
         print(json.dumps(ARMS[args.arm](args)))
         return
-    chosen = [x.strip() for x in args.strata.split(",") if x.strip()]
-    if not chosen or set(chosen) - set(STRATA_ARMS):
-        p.error(f"--strata: choose from {', '.join(STRATA_ARMS)} (got {args.strata!r})")
-    strata_arms = [STRATA_ARMS[x] for x in STRATA_ARMS if x in chosen]
-    arms = strata_arms + ["transformers"]
-    try:
-        import llama_cpp  # noqa: F401
+    from strata.loader.default import default_model_path
 
-        arms.append("llama.cpp")
-    except ImportError:
-        print("llama.cpp: llama-cpp-python is not installed; its arm is left out", file=sys.stderr)
-    passthrough = ["--prompt", str(args.prompt), "--new", str(args.new), "--threads", str(args.threads)]
+    args.model = os.path.abspath(args.model or default_model_path())
+    label = args.label or os.path.splitext(os.path.basename(args.model))[0]
+    chosen = [x.strip() for x in args.strata.split(",") if x.strip()]
+    if set(chosen) - set(STRATA_ARMS):
+        p.error(f"--strata: choose from {', '.join(STRATA_ARMS)} (got {args.strata!r})")
+    peers = [x.strip() for x in args.peers.split(",") if x.strip()]
+    if set(peers) - set(PEERS):
+        p.error(f"--peers: choose from {', '.join(PEERS)} (got {args.peers!r})")
+    strata_arms = [STRATA_ARMS[x] for x in STRATA_ARMS if x in chosen]
+    arms = strata_arms + [x for x in PEERS if x in peers]
+    if "llama.cpp" in arms:
+        try:
+            import llama_cpp  # noqa: F401
+        except ImportError:
+            print("llama.cpp: llama-cpp-python is not installed; its arm is left out", file=sys.stderr)
+            arms.remove("llama.cpp")
+    prompts_file = write_json("decode-prompts.json", all_prompts(args.model, args.prompt))
+    passthrough = ["--model", args.model, "--prompts", prompts_file, "--prompt", str(args.prompt),
+                   "--new", str(args.new), "--threads", str(args.threads)]
+    load_before = os.getloadavg()
     raw = interleaved(arms, args.rounds, lambda arm: run_arm(__file__, arm, passthrough))
     med = {arm: medians(rows) for arm, rows in raw.items()}
-    rows = [[LABELS[arm]] + [med[arm][m] for m in METRICS] for arm in arms]
-    peers = [a for a in arms if a not in strata_arms]
+    names = labels(label)
+    rows = [[names[arm]] + [med[arm][m] for m in METRICS] for arm in arms]
+    peer_arms = [a for a in arms if a not in strata_arms]
     for arm in strata_arms:
-        for peer in peers:
-            rows.append([f"{LABELS[arm]} / {peer}"] + [med[arm][m] / med[peer][m] for m in METRICS])
+        for peer in peer_arms:
+            rows.append([f"{names[arm]} / {peer}"] + [med[arm][m] / med[peer][m] for m in METRICS])
     if {"strata", "strata-pool"} <= set(arms):
-        rows.append(["pool / reserved (strata 4-bit)"] + [med["strata-pool"][m] / med["strata"][m] for m in METRICS])
+        rows.append(["pool / reserved (strata)"] + [med["strata-pool"][m] / med["strata"][m] for m in METRICS])
     table = print_table(
-        f"decode benchmark: {args.prompt}-token prompt, {args.new} new tokens, {args.threads} threads, "
-        f"bf16 compute, median of {args.rounds} interleaved rounds; strata's pool row holds the same K/V "
-        f"as its {LANES} reserved lanes ({KV_CHUNK}-cell chunks)",
-        ["arm", "prefill tok/s", "decode tok/s (1 lane)", f"decode tok/s ({LANES} lanes)", "load s", "peak RSS MiB"],
+        f"decode benchmark: {os.path.basename(args.model)}, {args.prompt}-token prompt, {args.new} new tokens, "
+        f"{args.threads} threads, bf16 compute, median of {args.rounds} interleaved rounds on {cpu_name()}; "
+        f"load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after; strata's pool row holds the "
+        f"same K/V as its {LANES} reserved lanes ({KV_CHUNK}-cell chunks)",
+        ["arm", "prefill tok/s", "decode tok/s (1 lane)", f"decode tok/s ({LANES} lanes)", "load s", "peak RSS MiB",
+         "peak RSS over runtime MiB"],
         rows,
     )
-    path = write_json("decode.json", {"args": vars(args), "raw": raw, "median": med, "table": table})
-    plot(med, LABELS, os.path.splitext(path)[0] + ".png")
-    print(f"raw numbers: {path} (plot: decode.png next to it)")
+    stem = "decode" if args.model == os.path.abspath(default_model_path()) else f"decode-{label}"
+    path = write_json(f"{stem}.json", {"args": vars(args), "label": label, "raw": raw, "median": med,
+                                       "table": table, "loadavg": [load_before, os.getloadavg()]})
+    try:
+        plot(med, names, os.path.splitext(path)[0] + ".png")
+    except ImportError as exc:  # matplotlib is the `bench` extra
+        print(f"raw numbers: {path} (no plot: {exc}; `pip install -e '.[bench]'` draws it)")
+        return
+    print(f"raw numbers: {path} (plot: {os.path.basename(os.path.splitext(path)[0])}.png next to it)")
+
+
+def cpu_name() -> str:
+    with open("/proc/cpuinfo") as f:
+        return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown CPU")
 
 
 if __name__ == "__main__":

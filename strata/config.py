@@ -22,6 +22,8 @@ DEFAULT_PREFILL_CHUNK = 256
 DEFAULT_MEMORY_GUARD_MIB = 512
 WEIGHT_FORMATS = ("auto", "dense", "native")
 SPEC_MODES = ("ngram", "draft", "off")
+QUANT_ISA_ENV = "STRATA_QUANT_ISA"
+QUANT_ISAS = ("auto", "avx2", "avx512_vnni")  # the quantized kernels' variants (strata/csrc/quant_*.cpp)
 DEFAULT_SPEC_K = 3  # 4 rows a verify step: the int8 LM head's path (models/head.py); measured in benchmarks/spec.py
 
 
@@ -116,6 +118,17 @@ def fused_enabled(environ: Mapping[str, str] | None = None) -> bool:
     raise ConfigError(f"${FUSED_ENV} must be 1/true/on or 0/false/off, got {environ[FUSED_ENV]!r}")
 
 
+def quant_isa_from_env(environ: Mapping[str, str] | None = None) -> str:
+    """`$STRATA_QUANT_ISA`: the instruction set the quantized-weight kernels run. Unset, empty
+    or `auto`: the best this CPU has (AVX-512 VNNI, else AVX2); `avx2` forces the AVX2 path
+    (tests run both on one machine); anything else is an error."""
+    environ = os.environ if environ is None else environ
+    value = environ.get(QUANT_ISA_ENV, "").strip().lower() or "auto"
+    if value not in QUANT_ISAS:
+        raise ConfigError(f"${QUANT_ISA_ENV} must be one of {', '.join(QUANT_ISAS)}, got {environ[QUANT_ISA_ENV]!r}")
+    return value
+
+
 def prepared_cache_dir(environ: Mapping[str, str] | None = None) -> str | None:
     """Where the prepared-model cache lives: `$STRATA_CACHE_DIR` (off, 0, false or empty: no
     cache), else `$XDG_CACHE_HOME/strata`, else ~/.cache/strata."""
@@ -206,3 +219,4 @@ def parse_devices(text: str) -> tuple[str, ...]:
     if not devices:
         raise ConfigError(f"--devices must name at least one device, got {text!r}")
     return devices
+

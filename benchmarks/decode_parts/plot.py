@@ -41,10 +41,10 @@ def main() -> None:
     path = sys.argv[1] if len(sys.argv) > 1 else os.path.join("benchmarks", "results", "decode.json")
     with open(path) as f:
         data = json.load(f)
-    from benchmarks.decode import LABELS
+    from benchmarks.decode import labels
 
     out = os.path.splitext(path)[0] + ".png"
-    plot(data["median"], LABELS, out)
+    plot(data["median"], labels(data.get("label", "Q4_1")), out)
     print(f"plot: {out}")
 
 

@@ -10,6 +10,8 @@
 //       [kv_heads, cells, dim], returns q [tokens, heads, dim]
 //   silu_mul(gate_up)                      gate_up [rows, 2 n] -> silu(gate) * up [rows, n]
 //   decode_attention(q, k_cache, v_cache, spans, row_spans, scale)    (decode_attention.cpp)
+//   QuantLinear, quant_matmul, quant_dequant_rows, quant_isa, quant_isas, set_quant_isa:
+//       quantized GGUF weights read in place (quant_ops.cpp)
 // Tensors are bfloat16 or float32 and contiguous in their last dim (checked in Python).
 // Built with -fopenmp: at::parallel_for then runs on torch's own OpenMP threads (the
 // extension's libgomp.so.1 is the one torch has already loaded).
@@ -21,6 +23,7 @@
 #include <cstring>
 #include <vector>
 
+#include "quant_ops.h"
 #include "vec.h"
 
 namespace strata {
@@ -160,4 +163,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope_write", &rope_write);
   m.def("silu_mul", &silu_mul);
   m.def("decode_attention", &strata::decode_attention);
+  pybind11::class_<strata::QuantLinear>(m, "QuantLinear")
+      .def(pybind11::init<std::vector<torch::Tensor>, std::vector<int64_t>>())
+      .def("__call__", &strata::QuantLinear::forward)
+      .def_property_readonly("in_features", &strata::QuantLinear::in_features)
+      .def_property_readonly("out_features", &strata::QuantLinear::out_features);
+  m.def("quant_matmul", &strata::quant_matmul);
+  m.def("quant_dequant_rows", &strata::quant_dequant_rows);
+  m.def("quant_isa", &strata::quant_isa);
+  m.def("quant_isas", &strata::quant_isas);
+  m.def("set_quant_isa", &strata::set_quant_isa);
 }

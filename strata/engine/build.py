@@ -5,6 +5,7 @@ what they will hold and before any of it is allocated."""
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 
 import torch
@@ -24,7 +25,6 @@ from strata.loader.build import TORCH_DTYPES
 from strata.loader.model_load import ModelLoad
 from strata.loader.tokenizer import Tokenizer
 from strata.models.config import ModelConfig
-from strata.models.layers import INT4_MAX_ROWS
 from strata.models.llama import LlamaModel
 from strata.runner.runner import ModelRunner
 
@@ -60,28 +60,38 @@ def make_layout(config: EngineConfig, max_context: int) -> KVLayout:
     return ReservedLayout(config.num_lanes, max_context, config.kv_chunk)
 
 
-def _memory_plan(config: EngineConfig, cfg: ModelConfig, layout: KVLayout, draft: ModelLoad | None) -> MemoryPlan:
+def _weight_bytes(config: EngineConfig, load: ModelLoad) -> int:
+    """The model's weights in the compute dtype; a GGUF file under `--weights native` holds its
+    blocks as stored: the file's size (a type without a kernel loads dense: its warning says so)."""
+    path = load.path
+    if config.weights == "native" and path is not None and path.endswith(".gguf") and os.path.isfile(path):
+        return os.path.getsize(path)
+    return num_weight_params(load.config) * torch.empty(0, dtype=TORCH_DTYPES[config.dtype]).element_size()
+
+
+def _memory_plan(config: EngineConfig, load: ModelLoad, layout: KVLayout, draft: ModelLoad | None) -> MemoryPlan:
     """The weights and every K/V byte the engine will hold (the ring's arena too on the CPU)."""
+    cfg = load.config
     cells = layout.pool.num_cells_total
     per_cell = kv_bytes_per_cell(config.kv_dtype, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
     kv_bytes = cells * per_cell
     if config.kv_resident is not None and all(d == "cpu" for d in config.devices):  # the arena is host memory too
         kv_bytes += round_up(config.ring_budget, config.page) * per_cell
-    weight_elem = torch.empty(0, dtype=TORCH_DTYPES[config.dtype]).element_size()
-    weight_bytes = num_weight_params(cfg) * weight_elem
+    weight_bytes = _weight_bytes(config, load)
     if draft is not None:  # its weights, and its K/V in every chunk of the pool
         d = draft.config
-        weight_bytes += num_weight_params(d) * weight_elem
+        weight_bytes += _weight_bytes(config, draft)
         kv_bytes += cells * kv_bytes_per_cell(config.kv_dtype, d.num_layers, d.num_kv_heads, d.head_dim)
     return MemoryPlan(weight_bytes, kv_bytes)
 
 
 def _planner(config: EngineConfig, layout: KVLayout, max_context: int, model: LlamaModel) -> DraftPlanner | None:
-    """The draft planner of `--spec`; drafts never take a step past the 4-bit kernel's rows."""
+    """The draft planner of `--spec`; drafts never take a step past the rows that read the
+    4-bit weights (where a dense copy takes over, linear.py)."""
     if config.spec == "off":
         return None
     planner = ModelPlanner if config.spec == "draft" else NgramPlanner
-    return planner(config.spec_k, layout, max_context, INT4_MAX_ROWS if model.has_int4 else None)
+    return planner(config.spec_k, layout, max_context, model.quant_max_rows)
 
 
 def build_parts(config: EngineConfig, source: ModelSource | None, progress: bool) -> EngineParts:
@@ -97,7 +107,7 @@ def build_parts(config: EngineConfig, source: ModelSource | None, progress: bool
     if config.spec == "draft":
         draft_load = ModelLoad(config.draft_model, config.dtype, config.weights, config.devices)
         check_draft_vocab(draft_load, config.draft_model, cfg.vocab_size)  # before anything is allocated
-    check_memory(_memory_plan(config, cfg, layout, draft_load), config.memory_guard_mib, config.is_pooled)
+    check_memory(_memory_plan(config, load, layout, draft_load), config.memory_guard_mib, config.is_pooled)
     model = load.build(max_context, progress, config.fused)
     ring = None
     if config.kv_resident is None:

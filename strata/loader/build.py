@@ -48,7 +48,7 @@ def build_model(
         disable=None if progress else True, leave=False,
     )
     for name, tensor in source.tensors:
-        if name == "rope_freqs" or name.endswith(".q4"):
+        if name == "rope_freqs" or name.endswith(".quant"):  # QuantWeights stay as loaded, on the CPU
             weights[name] = tensor
         else:
             weights[name] = tensor.to(dtype=torch_dtype, device=_device_of(name, layer_devices))
@@ -56,11 +56,12 @@ def build_model(
     bar.close()
     if cfg.tie_embeddings:
         weights.pop("lm_head.weight", None)
+        weights.pop("lm_head.weight.quant", None)
     required = ["model.embed_tokens.weight", "model.norm.weight"] + (
         [] if cfg.tie_embeddings else ["lm_head.weight"]
     )
     for name in required:
-        if name not in weights:
+        if name not in weights and name + ".quant" not in weights:
             raise LoaderError(f"{source.path}: tensor {name!r} is missing")
     try:
         model = LlamaModel(cfg, weights, torch_dtype, layer_devices, max_positions, weight_mode, fused)

@@ -1,4 +1,7 @@
-"""A GGUF file: metadata to ModelConfig, tensors (dequantised) under Hugging Face names."""
+"""A GGUF file: its reader, metadata to ModelConfig, tensor names to Hugging Face names.
+
+Refusals are in gguf_checks.py, the tensors themselves in gguf_tensors.py.
+"""
 
 from __future__ import annotations
 
@@ -7,29 +10,10 @@ from collections.abc import Iterator
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, GGUFReader
-from gguf.quants import dequantize
+from gguf import GGUFReader
 
 from strata.errors import LoaderError
-from strata.models.q4 import Q4_TYPES, Q4Weight, q4_from_blocks
 from strata.models.config import ModelConfig
-
-# Tensor types strata dequantises (gguf's numpy kernels do the work).
-SUPPORTED_TYPES = frozenset(
-    {
-        GGMLQuantizationType.F32,
-        GGMLQuantizationType.F16,
-        GGMLQuantizationType.BF16,
-        GGMLQuantizationType.Q8_0,
-        GGMLQuantizationType.Q4_0,
-        GGMLQuantizationType.Q4_1,
-        GGMLQuantizationType.Q5_0,
-        GGMLQuantizationType.Q5_1,
-        GGMLQuantizationType.Q4_K,
-        GGMLQuantizationType.Q5_K,
-        GGMLQuantizationType.Q6_K,
-    }
-)
 
 # GGUF architecture -> Hugging Face model_type.
 GGUF_ARCHES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
@@ -107,12 +91,10 @@ def _require(reader: GGUFReader, key: str, path: str):
     return value
 
 
-def gguf_model_config(reader: GGUFReader, path: str, eos_token_ids: tuple[int, ...]) -> ModelConfig:
+def gguf_model_config(reader: GGUFReader, path: str, eos_token_ids: tuple[int, ...] = ()) -> ModelConfig:
+    """The config from metadata alone (the architecture already checked, gguf_checks.py); the
+    tokenizer's end-of-turn ids join `eos_token_ids` later (loader/__init__.py)."""
     gguf_arch = _require(reader, "general.architecture", path)
-    if gguf_arch not in GGUF_ARCHES:
-        raise LoaderError(
-            f"{path}: architecture {gguf_arch!r} is not supported (strata runs {', '.join(GGUF_ARCHES)})"
-        )
     a = gguf_arch
     hidden = int(_require(reader, f"{a}.embedding_length", path))
     num_heads = int(_require(reader, f"{a}.attention.head_count", path))
@@ -173,55 +155,3 @@ def unpermute_qk(w: torch.Tensor, num_heads: int) -> torch.Tensor:
     head_dim = out_features // num_heads
     rest = w.shape[1:]
     return w.reshape(num_heads, head_dim // 2, 2, *rest).transpose(1, 2).reshape(out_features, *rest)
-
-
-def iter_gguf_tensors(
-    reader: GGUFReader, cfg: ModelConfig, path: str, keep_q4: bool = False
-) -> Iterator[tuple[str, torch.Tensor | Q4Weight]]:
-    """Yields (Hugging Face name, float32 tensor in HF's [out, in] layout).
-
-    With `keep_q4`, a projection stored as Q4_0/Q4_1 also yields (name + ".q4", Q4Weight):
-    its codes and scales as stored, for the 4-bit matmul.
-    """
-    for t in reader.tensors:
-        name = hf_name(t.name)
-        if name is None:
-            raise LoaderError(f"{path}: unexpected tensor {t.name!r} for architecture {cfg.arch}")
-        if t.tensor_type not in SUPPORTED_TYPES:
-            raise LoaderError(
-                f"{path}: tensor {t.name!r} has type {t.tensor_type.name}, which strata cannot "
-                f"dequantise (supported: {', '.join(sorted(q.name for q in SUPPORTED_TYPES))})"
-            )
-        try:
-            data = dequantize(np.asarray(t.data), t.tensor_type)
-        except Exception as exc:
-            raise LoaderError(f"{path}: tensor {t.name!r} is unreadable ({exc})") from exc
-        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
-        if int(np.prod(shape)) != data.size:
-            raise LoaderError(f"{path}: tensor {t.name!r} holds {data.size} values, shape says {shape}")
-        tensor = torch.from_numpy(np.array(data, dtype=np.float32)).reshape(shape)  # owned copy
-        heads = None
-        if cfg.arch in PERMUTED_QK_ARCHES:
-            if name.endswith("q_proj.weight"):
-                heads = cfg.num_heads
-            elif name.endswith("k_proj.weight"):
-                heads = cfg.num_kv_heads
-        if heads is not None:
-            tensor = unpermute_qk(tensor, heads)
-        yield name, tensor
-        if keep_q4 and t.tensor_type in Q4_TYPES and name.startswith("model.layers.") and len(shape) == 2:
-            q4 = q4_from_blocks(np.asarray(t.data), t.tensor_type, shape)
-            if heads is not None:
-                q4 = q4.rows(unpermute_qk(torch.arange(shape[0]).unsqueeze(1), heads).squeeze(1))
-            yield name + ".q4", q4
-
-
-def check_tensor_data(reader: GGUFReader, path: str) -> None:
-    """A truncated file maps tensor data past its end: say so before dequantising."""
-    size = os.path.getsize(path)
-    for t in reader.tensors:
-        end = int(t.data_offset) + int(t.n_bytes)
-        if end > size:
-            raise LoaderError(
-                f"{path} is truncated: tensor {t.name!r} ends at byte {end}, the file has {size}"
-            )

@@ -24,12 +24,13 @@ class ModelLoad:
         self.dtype, self.weights, self.devices = dtype, weights, tuple(devices)
         self.key = None
         self.cached = None
+        self.path = source.path if source is not None else (default_model_path() if path is None else path)
         if source is None:
-            path = default_model_path() if path is None else path
+            path = self.path
             self.key = prepared.cache_key(path, dtype, weights, self.devices)
             self.cached = prepared.load(self.key) if self.key is not None else None
             if self.cached is None:
-                source = open_model(path, keep_q4=weights != "dense")
+                source = open_model(path, weights=weights, dtype=dtype)
         self.source = source
         origin = self.cached if self.cached is not None else source
         self.config, self.tokenizer, self.fingerprint = origin.config, origin.tokenizer, origin.fingerprint

@@ -39,10 +39,10 @@ from strata.models.llama import LlamaModel
 
 log = logging.getLogger("strata.loader")
 
-FORMAT = 1  # bump when what an entry holds changes shape
+FORMAT = 2  # bump when what an entry holds changes shape
 MAX_ENTRIES = 4
 # The modules whose classes an entry pickles: their source is part of the key.
-_PICKLED_MODULES = ("head.py", "layers.py", "llama.py", "config.py", "q4.py")
+_PICKLED_MODULES = ("head.py", "layers.py", "linear.py", "llama.py", "config.py", "quant.py", "q4.py")
 
 
 @dataclass

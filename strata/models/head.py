@@ -16,10 +16,16 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from strata.models.fused import load_quant_ops
+from strata.models.quant import QuantMatmul, QuantWeight
+
 # Steps of at most this many rows read the int8 copy. torch 2.13 on a 2-thread Sapphire
 # Rapids, default model's head: 1 row 1.3 ms vs 3.1 ms bf16; 4 rows 2.3 vs 3.3; 8 rows
 # 5.0 vs 3.2 (the int8 kernel's cost grows with rows, the dense one's barely does).
 INT8_HEAD_MAX_ROWS = 4
+# float32 decode steps of at most this many rows read a quantized head in place beside its
+# dense copy (--weights auto; benchmarks/quant_kernels.py --head).
+QUANT_HEAD_MAX_ROWS = 8
 
 
 @dataclass(frozen=True)
@@ -28,14 +34,19 @@ class Int8Rows:
     scale: torch.Tensor  # [vocab] in the compute dtype
 
     @staticmethod
-    def quantize(weight: torch.Tensor) -> Int8Rows:
-        """Per-row symmetric int8 of `weight` [vocab, hidden] (any float dtype)."""
-        w = weight.float()
-        # The scale the kernel will use (rounded to the weight's dtype) is the one the codes are
-        # rounded against, so every value is within half a step of q * scale.
-        scale = (w.abs().amax(dim=1) / 127).to(weight.dtype).float().clamp_min(torch.finfo(torch.float32).tiny)
-        codes = torch.round(w / scale.unsqueeze(1)).clamp_(-127, 127).to(torch.int8)
-        return Int8Rows(codes, scale.to(weight.dtype))
+    def quantize(weight: torch.Tensor, chunk: int = 4096) -> Int8Rows:
+        """Per-row symmetric int8 of `weight` [vocab, hidden] (any float dtype), `chunk` rows at a
+        time (the float32 temporaries of a whole vocabulary would be 3x its bfloat16 size)."""
+        codes = torch.empty(weight.shape, dtype=torch.int8, device=weight.device)
+        scales = torch.empty(weight.shape[0], dtype=weight.dtype, device=weight.device)
+        for start in range(0, weight.shape[0], chunk):
+            w = weight[start:start + chunk].float()
+            # The scale the kernel will use (rounded to the weight's dtype) is the one the codes are
+            # rounded against, so every value is within half a step of q * scale.
+            scale = (w.abs().amax(dim=1) / 127).to(weight.dtype).float().clamp_min(torch.finfo(torch.float32).tiny)
+            codes[start:start + chunk] = torch.round(w / scale.unsqueeze(1)).clamp_(-127, 127).to(torch.int8)
+            scales[start:start + chunk] = scale.to(weight.dtype)
+        return Int8Rows(codes, scales)
 
     def dequantize(self) -> torch.Tensor:
         """[vocab, hidden] float32 (what the int8 kernel multiplies by)."""
@@ -66,9 +77,40 @@ class Int8Head(DenseHead):
         return F.linear(x, self.weight)
 
 
-def make_head(weight: torch.Tensor, weight_mode: str) -> DenseHead:
-    """int8 at decode when the weights are kept quantised (`--weights auto|native`), the
-    compute dtype is bfloat16 and the head is on the CPU; dense otherwise (float32 stays exact)."""
-    if weight_mode != "dense" and weight.dtype == torch.bfloat16 and weight.device.type == "cpu":
+class QuantHead(DenseHead):
+    """The file's quantized head (the embedding when tied) read in place (models/quant.py): at
+    every step without a dense weight (native), else at steps of at most `max_rows` rows."""
+
+    def __init__(self, quant: QuantMatmul, weight: torch.Tensor | None, max_rows: int | None = None):
+        super().__init__(weight)
+        self.quant = quant
+        self.max_rows = max_rows
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weight is None or (self.max_rows is not None and x.shape[0] <= self.max_rows):
+            return self.quant(x)
+        return F.linear(x, self.weight)
+
+
+def make_head(weight: torch.Tensor | None, quant: QuantWeight | None, weight_mode: str, dtype: torch.dtype,
+              device: torch.device) -> DenseHead:
+    """`weight`: [vocab, hidden] in the compute dtype on `device`, or None (native: only `quant`,
+    the file's blocks). native reads `quant` in place at every step. auto in bfloat16 reads the
+    int8 copy at decode steps (torch's int8 kernel against the default model's Q8_0 blocks in
+    place, one thread: a tie at 1 row, 6.3 against 7.5 ms at 4; benchmarks/quant_kernels.py
+    --head); auto in float32 reads `quant` in place at steps of up to QUANT_HEAD_MAX_ROWS rows
+    (the dense weight's exact values against float32 activations: a tie at 1 row, 11.7 against
+    20.2 ms at 4, 18.9 against 32.4 at 8). dense reads the dense weight."""
+    in_place = (quant is not None and device.type == "cpu" and weight_mode != "dense"
+                and load_quant_ops() is not None)
+    if in_place and weight_mode == "native":
+        return QuantHead(QuantMatmul([quant]), None)
+    if weight is None:
+        weight = quant.dequantize(dtype).to(device)
+    if weight_mode == "dense" or device.type != "cpu":
+        return DenseHead(weight)
+    if dtype == torch.bfloat16:
         return Int8Head(weight)
+    if in_place:
+        return QuantHead(QuantMatmul([quant]), weight, QUANT_HEAD_MAX_ROWS)
     return DenseHead(weight)

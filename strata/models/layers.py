@@ -1,4 +1,4 @@
-"""Model-agnostic layers: RMSNorm, rotary embedding, linear projections.
+"""Model-agnostic layers: RMSNorm, rotary embedding, the token embedding (projections: linear.py).
 
 Hot-path classes are plain objects holding tensors (no nn.Module dispatch per call).
 """
@@ -11,8 +11,9 @@ from collections.abc import Mapping, Sequence
 import torch
 import torch.nn.functional as F
 
-from strata.models.q4 import GROUP, Q4Weight, pack_for_cpu
 from strata.models.config import ModelConfig
+from strata.models.fused import load_quant_ops
+from strata.models.quant import QuantWeight
 
 
 # The fused norms' loops are scalar per row (strata/csrc): they win where a step has few rows
@@ -41,58 +42,23 @@ class RMSNorm:
         return x, self(x)
 
 
-# Decode steps of up to this many rows use the 4-bit kernel when a projection has one;
-# larger batches (prompt pieces) use the dense weight, where matrix units do better.
-INT4_MAX_ROWS = 8
+class Embedding:
+    """Token ids -> rows [T, hidden] in the compute dtype: a dense table, or the file's
+    quantized one (native) of which each step dequantises only the rows it looks up."""
 
+    def __init__(self, weight: torch.Tensor | None, quant: QuantWeight | None, dtype: torch.dtype,
+                 device: torch.device):
+        assert weight is not None or quant is not None
+        if weight is None and (device.type != "cpu" or load_quant_ops() is None):
+            weight = quant.dequantize(dtype).to(device)
+        self.weight = weight  # [vocab, hidden] or None
+        self.quant = quant if weight is None else None
+        self.dtype = dtype
 
-class Linear:
-    """y = x W^T (+ b): W dense [out, in] in the compute dtype, and/or 4-bit packed (CPU).
-
-    With both, steps of at most `INT4_MAX_ROWS` rows read the 4-bit copy (a quarter of
-    the bytes), longer ones the dense weight; with only the 4-bit copy, every step uses it.
-    """
-
-    def __init__(
-        self,
-        weight: torch.Tensor | None,
-        bias: torch.Tensor | None = None,
-        int4: tuple[torch.Tensor, torch.Tensor] | None = None,  # (packed codes, scales_and_zeros)
-    ):
-        assert weight is not None or int4 is not None
-        self.weight = weight
-        self.bias = bias
-        self.int4 = int4
-        self.int4_max_rows = INT4_MAX_ROWS if weight is not None else None
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.int4 is not None and (self.int4_max_rows is None or x.shape[0] <= self.int4_max_rows):
-            packed, scales_and_zeros = self.int4
-            y = torch._weight_int4pack_mm_for_cpu(x, packed, GROUP, scales_and_zeros)
-            return y if self.bias is None else y + self.bias
-        return F.linear(x, self.weight, self.bias)
-
-    @property
-    def num_bytes(self) -> int:
-        parts = [self.weight, self.bias] + (list(self.int4) if self.int4 else [])
-        return sum(t.numel() * t.element_size() for t in parts if t is not None)
-
-
-def fused_linear(
-    weights: Mapping[str, torch.Tensor | Q4Weight],
-    names: Sequence[str],
-    bias_names: Sequence[str] | None,
-    weight_mode: str,
-) -> Linear:
-    """One projection computing `names` side by side (q|k|v, gate|up); 4-bit where stored so."""
-    dense = [weights.get(n) for n in names]
-    q4 = [weights.get(n + ".q4") for n in names]
-    bias = torch.cat([weights[b] for b in bias_names]) if bias_names else None
-    int4 = None
-    if weight_mode != "dense" and all(q is not None for q in q4) and dense[0].device.type == "cpu":
-        int4 = pack_for_cpu(Q4Weight.cat(q4), dense[0].dtype)
-    weight = None if int4 is not None and weight_mode == "native" else torch.cat(dense)
-    return Linear(weight, bias, int4)
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.weight is not None:
+            return F.embedding(ids, self.weight)
+        return self.quant.dequantize_rows(ids, self.dtype)
 
 
 def rope_inv_freq(cfg: ModelConfig, rope_freqs: torch.Tensor | None = None) -> torch.Tensor:

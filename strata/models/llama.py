@@ -8,7 +8,7 @@ embedding on the first layer's device, the final norm and LM head on the last.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -18,7 +18,9 @@ from strata.models.attention import AttentionMeta, attend, attend_written
 from strata.models.config import ModelConfig
 from strata.models.fused import load_decode_ops
 from strata.models.head import make_head
-from strata.models.layers import RMSNorm, Rotary, apply_rotary, fused_linear, rope_inv_freq
+from strata.models.layers import Embedding, RMSNorm, Rotary, apply_rotary, rope_inv_freq
+from strata.models.linear import fused_linear
+from strata.models.quant import QuantWeight
 
 
 if TYPE_CHECKING:
@@ -37,22 +39,24 @@ def layer_name(i: int, suffix: str) -> str:
 
 
 class DecoderLayer:
-    def __init__(self, cfg: ModelConfig, w: Mapping[str, torch.Tensor], i: int, weight_mode: str):
+    def __init__(self, cfg: ModelConfig, w: MutableMapping[str, torch.Tensor | QuantWeight], i: int, weight_mode: str):
         def get(suffix: str) -> torch.Tensor:
             return w[layer_name(i, suffix)]
 
         self.cfg = cfg
         self.input_norm = RMSNorm(get("input_layernorm.weight"), cfg.rms_norm_eps)
         self.post_norm = RMSNorm(get("post_attention_layernorm.weight"), cfg.rms_norm_eps)
-        attn = [layer_name(i, f"self_attn.{p}_proj.weight") for p in "qkv"]
+        norm = self.input_norm.weight  # in the compute dtype, on this layer's device
+
+        def linear(names: list[str], biases: list[str] | None):
+            return fused_linear(w, [layer_name(i, n) for n in names], biases, weight_mode, norm.dtype, norm.device)
+
         biases = [layer_name(i, f"self_attn.{p}_proj.bias") for p in "qkv"] if cfg.attention_bias else None
-        self.qkv = fused_linear(w, attn, biases, weight_mode)
+        self.qkv = linear([f"self_attn.{p}_proj.weight" for p in "qkv"], biases)
         o_bias = layer_name(i, "self_attn.o_proj.bias")
-        self.o = fused_linear(w, [layer_name(i, "self_attn.o_proj.weight")], [o_bias] if o_bias in w else None,
-                              weight_mode)
-        mlp = [layer_name(i, f"mlp.{p}_proj.weight") for p in ("gate", "up")]
-        self.gate_up = fused_linear(w, mlp, None, weight_mode)
-        self.down = fused_linear(w, [layer_name(i, "mlp.down_proj.weight")], None, weight_mode)
+        self.o = linear(["self_attn.o_proj.weight"], [o_bias] if o_bias in w else None)
+        self.gate_up = linear([f"mlp.{p}_proj.weight" for p in ("gate", "up")], None)
+        self.down = linear(["mlp.down_proj.weight"], None)
         self.q_norm = self.k_norm = None
         if cfg.qk_norm:
             self.q_norm = RMSNorm(get("self_attn.q_norm.weight"), cfg.rms_norm_eps)
@@ -108,7 +112,7 @@ class LlamaModel:
     def __init__(
         self,
         cfg: ModelConfig,
-        weights: Mapping[str, torch.Tensor],
+        weights: MutableMapping[str, torch.Tensor | QuantWeight],
         dtype: torch.dtype,
         layer_devices: Sequence[torch.device],
         max_positions: int,
@@ -116,18 +120,22 @@ class LlamaModel:
         fused: bool = True,
     ):
         """`weights`: Hugging Face names -> tensors already in `dtype` on their layer's device,
-        plus name + ".q4" -> Q4Weight for projections kept 4-bit (`weight_mode` auto/native)."""
+        plus name + ".quant" -> QuantWeight (CPU) for tensors kept as the file stores them
+        (`weight_mode` auto: beside the dense tensor; native: instead of it). The projections
+        are taken out of it as they are fused (linear.fused_linear)."""
         assert len(layer_devices) == cfg.num_layers
         self.cfg = cfg
         self.dtype = dtype
         self.layer_devices = list(layer_devices)
-        self.embed = weights["model.embed_tokens.weight"]  # [vocab, hidden] on the first device
+        self.embedding = Embedding(weights.get("model.embed_tokens.weight"),  # [vocab, hidden], first device
+                                   weights.get("model.embed_tokens.weight.quant"), dtype, self.layer_devices[0])
         self.layers = [DecoderLayer(cfg, weights, i, weight_mode) for i in range(cfg.num_layers)]
         self.norm = RMSNorm(weights["model.norm.weight"], cfg.rms_norm_eps)
-        head = weights.get("lm_head.weight")
-        if head is None:  # tied embeddings
-            head = self.embed.to(self.layer_devices[-1])
-        self.lm_head = make_head(head, weight_mode)
+        head_name = "model.embed_tokens.weight" if cfg.tie_embeddings else "lm_head.weight"
+        head, head_quant = weights.get(head_name), weights.get(head_name + ".quant")
+        if head is not None:
+            head = head.to(self.layer_devices[-1])
+        self.lm_head = make_head(head, head_quant, weight_mode, dtype, self.layer_devices[-1])
         self.inv_freq = rope_inv_freq(cfg, weights.get("rope_freqs"))  # [head_dim / 2] float32
         self.devices = list(dict.fromkeys(self.layer_devices))
         self.prepare_runtime(max_positions, fused)
@@ -139,9 +147,12 @@ class LlamaModel:
         self.ops = load_decode_ops(fused) if all(d.type == "cpu" for d in self.devices) else None
 
     @property
-    def has_int4(self) -> bool:
-        """Some projection reads 4-bit weights at decode steps (of at most INT4_MAX_ROWS rows)."""
-        return any(lin.int4 is not None for layer in self.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))
+    def quant_max_rows(self) -> int | None:
+        """The most rows a step may have for every projection to read its 4-bit form (auto:
+        its dense copy beyond); None where some projection has no 4-bit form, or every step
+        reads it (native)."""
+        limits = [lin.max_rows for layer in self.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        return None if any(m is None for m in limits) else min(limits)
 
     def decode_attention_kernel(self, kv_dtype: torch.dtype) -> Callable | None:
         """The fused decode attention over spans (`DecodeSpans`) where it applies: the fused ops
@@ -169,7 +180,7 @@ class LlamaModel:
     ) -> torch.Tensor:
         """Returns float32 logits [rows, vocab]. `kv.layer_caches(i)` gives layer i's K and V:
         the pool's own tensors, or the ring's view of them for this step (cells/ring.py)."""
-        x = F.embedding(input_ids, self.embed)
+        x = self.embedding(input_ids)
         tables = {d: self.rotary[d].tables(positions[d]) for d in self.devices}
         for i, layer in enumerate(self.layers):
             dev = self.layer_devices[i]

@@ -1,11 +1,14 @@
-"""GGUF 4-bit blocks (Q4_0, Q4_1) kept as codes + per-32 scales for torch's int4 kernel.
+"""GGUF 4-bit blocks (Q4_0, Q4_1, Q4_K) as codes + per-32 scales for torch's int4 kernel.
 
-Both formats are 32-value groups of 4-bit codes q: Q4_0 is w = (q - 8) * d, Q4_1 is
-w = q * d + m. Both are w = (q - 8) * scale + zero with scale = d and zero = 0 or
-m + 8 d: the form torch's CPU int4 matmul takes. The codes never change; `pack_for_cpu`
-hands scale and zero to the kernel in the compute dtype: float32 compute keeps them as
-loaded (d is float16, m + 8 d is computed in float32), bfloat16 compute rounds them to
-bfloat16's 8-bit mantissa (at most 2^-8 relative; tests/unit/test_q4.py).
+All three are 32-value groups of 4-bit codes q: Q4_0 is w = (q - 8) * d, Q4_1 is
+w = q * d + m, Q4_K (groups of a 256-value block) is w = q * d sc - dmin mn. Each is
+w = (q - 8) * scale + zero with scale = d (d sc) and zero = 0, m + 8 d or 8 d sc - dmin mn:
+the form torch's CPU int4 matmul takes. The codes never change; `pack_for_cpu` hands scale
+and zero to the kernel in the compute dtype: float32 compute keeps them as loaded (d is
+float16, zero is computed in float32), bfloat16 compute rounds them to bfloat16's 8-bit
+mantissa (at most 2^-8 relative; tests/unit/test_q4.py). `--weights auto` in bfloat16 reads
+these types through torch's kernel at decode steps, where it measured faster than strata's
+own (benchmarks/quant_kernels.py); every other case reads the blocks in place (quant.py).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import torch
 from gguf import GGMLQuantizationType
 
 GROUP = 32
-Q4_TYPES = (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1)
+Q4_TYPES = (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q4_K)
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,8 @@ class Q4Weight:
 def q4_from_blocks(raw: np.ndarray, qtype: GGMLQuantizationType, shape: tuple[int, int]) -> Q4Weight:
     """`raw`: the tensor's bytes as uint8 [out, bytes per row]; `shape`: (out, in)."""
     out, k = shape
+    if qtype == GGMLQuantizationType.Q4_K:
+        return _q4k(np.asarray(raw, dtype=np.uint8).reshape(out, k // 256, 144), shape)
     blocks = np.asarray(raw, dtype=np.uint8).reshape(out, k // GROUP, -1)
     d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
     if qtype == GGMLQuantizationType.Q4_1:
@@ -56,6 +61,25 @@ def q4_from_blocks(raw: np.ndarray, qtype: GGMLQuantizationType, shape: tuple[in
         qs, zero = blocks[..., 2:], np.zeros_like(d)
     codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(out, k)  # low nibbles first
     return Q4Weight(torch.from_numpy(codes.copy()), torch.from_numpy(d), torch.from_numpy(zero))
+
+
+def _q4k(blocks: np.ndarray, shape: tuple[int, int]) -> Q4Weight:
+    """Q4_K blocks [out, k / 256, 144]: d, dmin, 12 bytes of 6-bit scales/mins, 128 bytes of
+    codes (group 2c: low nibbles of qs[32c:32c + 32], group 2c + 1: their high nibbles)."""
+    from gguf.quants import Q4_K
+
+    out, k = shape
+    n = out * (k // 256)
+    flat = blocks.reshape(n, 144)
+    d = flat[:, 0:2].copy().view(np.float16).astype(np.float32)  # [n, 1]
+    dmin = flat[:, 2:4].copy().view(np.float16).astype(np.float32)
+    sc, mn = Q4_K.get_scale_min(flat[:, 4:16].copy())  # [n, 8] each
+    scale = d * sc.astype(np.float32)
+    zero = 8 * scale - dmin * mn.astype(np.float32)
+    qs = flat[:, 16:].reshape(n, 4, 1, 32)
+    codes = np.concatenate([qs & 0x0F, qs >> 4], axis=2).reshape(out, k)
+    return Q4Weight(torch.from_numpy(codes.copy()), torch.from_numpy(scale.reshape(out, k // GROUP)),
+                    torch.from_numpy(zero.reshape(out, k // GROUP)))
 
 
 def pack_for_cpu(w: Q4Weight, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as QT
-from gguf import GGUFReader, GGUFValueType, GGUFWriter
+from gguf import GGUFReader
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import dequantize, quantize
 
@@ -25,17 +25,18 @@ from strata.config import EngineConfig
 from strata.engine.engine import Engine
 from strata.errors import LoaderError
 from strata.loader import open_model
-from strata.loader.gguf_file import SUPPORTED_TYPES
-from strata.models.q4 import q4_from_blocks
+from strata.loader.gguf_checks import FLOAT_TYPES
+from strata.models.quant import KERNEL_TYPES, quant_from_blocks
 from strata.sampling import SamplingParams
 from strata.testing import prompt_logits
 from tests.conftest import require
+from tests.model import tiny_gguf
+from tests.model.tiny_gguf import VOCAB, random_blocks, write_gguf
 
 transformers = require("transformers")
 
 PROMPT = "The quick brown fox jumps over the lazy dog. Ünïcödé, 日本語, emoji 🙂 and numbers 12345."
 NUM_GREEDY = 16
-VOCAB = 1024  # the first 1024 SmolLM2 tokens: specials, the 256 bytes, the first merges
 
 # Hugging Face name (after "model.layers.{i}.") -> llama.cpp's GGUF name (after "blk.{i}.").
 LAYER_NAMES = {
@@ -61,7 +62,8 @@ TOP_NAMES = {
 }
 
 # Tensor types per GGUF name (anything unnamed is F32, as llama.cpp writes norms and biases).
-# Layer 0 keeps q|k|v and gate|up as Q4_0/Q4_1 where the native 4-bit kernel applies.
+# Layer 0 keeps q|k|v and gate|up as Q4_0/Q4_1 (read in place in native mode, as every
+# type of models/quant.py KERNEL_TYPES is).
 TYPES = {
     "llama": {
         "token_embd.weight": QT.F16, "output.weight": QT.Q6_K,
@@ -122,25 +124,6 @@ def llama_cpp_permute(w: np.ndarray, num_heads: int) -> np.ndarray:
             .swapaxes(1, 2).reshape(w.shape))
 
 
-def random_k_quant_blocks(rows: int, cols: int, qtype: QT, rng: np.random.Generator) -> np.ndarray:
-    """Valid random K-quant blocks (gguf-py cannot quantise these): random bytes with every
-    f16 scale field overwritten by a small finite value; uint8 [rows, bytes per row]."""
-    block_size, type_size = GGML_QUANT_SIZES[qtype]
-    blocks = rng.integers(0, 256, size=(rows, cols // block_size, type_size), dtype=np.uint8)
-
-    def f16(low: float, high: float) -> np.ndarray:
-        values = rng.uniform(low, high, size=blocks.shape[:2] + (1,)).astype(np.float16)
-        return values.view(np.uint8)
-
-    if qtype in (QT.Q4_K, QT.Q5_K):  # d, dmin, then 6-bit scales/mins and codes
-        scale = 1.0 if qtype == QT.Q4_K else 0.5
-        blocks[..., 0:2] = f16(1e-4 * scale, 3e-4 * scale)
-        blocks[..., 2:4] = f16(2e-4, 6e-4)
-    else:  # Q6_K: codes, int8 scales, then d last
-        blocks[..., -2:] = f16(2e-5, 6e-5)
-    return blocks.reshape(rows, -1)
-
-
 def tensor_payload(w: np.ndarray, qtype: QT, rng: np.random.Generator):
     """(array, raw_dtype) for GGUFWriter.add_tensor."""
     if qtype == QT.F32:
@@ -148,59 +131,13 @@ def tensor_payload(w: np.ndarray, qtype: QT, rng: np.random.Generator):
     if qtype == QT.F16:
         return w.astype(np.float16), None
     if qtype in K_QUANTS:
-        return random_k_quant_blocks(w.shape[0], w.shape[1], qtype, rng), qtype
+        return random_blocks(qtype, w.shape[0], w.shape[1], rng, rms=1e-2), qtype
     return quantize(w.astype(np.float32), qtype), qtype
 
 
 @pytest.fixture(scope="module")
-def tokenizer_fields(gguf_path) -> list[tuple[str, object, GGUFValueType, GGUFValueType | None]]:
-    """The `tokenizer.*` fields of the SmolLM2 GGUF, ready for GGUFWriter.add_key_value, cut to
-    its first VOCAB tokens and the merges among them (a prefix of both lists: GPT-2-style ids
-    follow merge order). Parsing all 49152 tokens costs GGUFReader ~2.5 s per open."""
-    reader = GGUFReader(gguf_path)
-    tokens = reader.fields["tokenizer.ggml.tokens"].contents()[:VOCAB]
-    kept = set(tokens)
-
-    def inside(merge: str) -> bool:
-        a, b = merge.split(" ")
-        return a in kept and b in kept and a + b in kept
-
-    cut = {
-        "tokenizer.ggml.tokens": tokens,
-        "tokenizer.ggml.token_type": reader.fields["tokenizer.ggml.token_type"].contents()[:VOCAB],
-        "tokenizer.ggml.merges": [m for m in reader.fields["tokenizer.ggml.merges"].contents() if inside(m)],
-    }
-    fields = []
-    for key, f in reader.fields.items():
-        if key.startswith("tokenizer."):
-            sub = f.types[-1] if f.types[0] == GGUFValueType.ARRAY else None
-            fields.append((key, cut.get(key, f.contents()), f.types[0], sub))
-    return fields
-
-
-def write_gguf(path: str, arch: str, meta: dict[str, object], tensors: list[tuple[str, np.ndarray, QT | None]],
-               tokenizer_fields, skip: tuple[str, ...] = ()) -> str:
-    """A GGUF file: `general.*`, `meta` (keys without the `<arch>.` prefix), the tokenizer."""
-    w = GGUFWriter(path, arch)
-    w.add_name(f"tiny-{arch}")
-    w.add_file_type(1)
-    for key, value in meta.items():
-        full = f"{arch}.{key}"
-        if key in skip:
-            continue
-        if isinstance(value, float):
-            w.add_float32(full, value)
-        else:
-            w.add_uint32(full, int(value))
-    for key, value, vtype, sub in tokenizer_fields:
-        w.add_key_value(key, value, vtype, sub_type=sub)
-    for name, array, raw_dtype in tensors:
-        w.add_tensor(name, array, raw_dtype=raw_dtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+def tokenizer_fields(gguf_path):
+    return tiny_gguf.tokenizer_fields(gguf_path)
 
 
 def gguf_name(hf_name: str) -> str:
@@ -295,9 +232,9 @@ def greedy(engine: Engine, ids: list[int], n: int) -> list[int]:
 # ---- the files themselves ----------------------------------------------------------------
 
 
-def test_files_cover_every_supported_type():
+def test_files_cover_every_type_read_in_place():
     used = {t for types in TYPES.values() for t in types.values()} | {QT.F32}
-    assert used == set(SUPPORTED_TYPES)
+    assert used == set(KERNEL_TYPES | FLOAT_TYPES)  # the rest load dense: test_gguf_native.py
 
 
 def test_reference_reads_what_was_written(case):
@@ -356,9 +293,9 @@ def test_dense_logits_match_transformers(case, engines):
 
 def test_native_logits_match_transformers(case, engines):
     layer0 = engines["native"]._model.layers[0]
-    # Layer 0 stores q|k|v and gate|up in Q4_0/Q4_1: native mode keeps only the 4-bit copy.
+    # Layer 0 stores q|k|v and gate|up in Q4_0/Q4_1: native mode keeps only the file's blocks.
     for proj in (layer0.qkv, layer0.gate_up):
-        assert proj.int4 is not None and proj.weight is None
+        assert proj.quant is not None and proj.weight is None
     ids = engines["dense"].tokenizer.encode(PROMPT)
     with torch.inference_mode():
         expected = case.ref(torch.tensor([ids])).logits[0].float()
@@ -375,28 +312,17 @@ def test_greedy_matches_transformers(case, engines):
     assert greedy(engines["native"], ids, NUM_GREEDY) == expected
 
 
-@pytest.mark.parametrize("qtype", [QT.Q4_0, QT.Q4_1])
-def test_q4_dequantize_equals_gguf(qtype):
-    rng = np.random.default_rng(5)
-    for shape, offset in (((8, 256), 0.0), ((3, 64), 0.5), ((5, 96), -2.0)):
-        w = (rng.standard_normal(shape) * 0.05 + offset).astype(np.float32)
-        raw = quantize(w, qtype)
-        expected = torch.from_numpy(dequantize(raw, qtype).reshape(shape))
-        got = q4_from_blocks(raw, qtype, shape).dequantize()
-        assert got.dtype == torch.float32
-        assert torch.equal(got, expected)
-
-
-def test_q4_dequantize_equals_gguf_on_smollm2(smol_reader):
-    """The real file's Q4_1 projections (first and last layer): same values, bit for bit."""
+def test_dequantize_equals_gguf_on_smollm2(smol_reader):
+    """The real file's Q4_1 projections (first and last layer) and its Q8_0 embedding,
+    dequantised by strata's kernels: gguf-py's values, bit for bit."""
     checked = 0
     for t in smol_reader.tensors:
-        if t.tensor_type == QT.Q4_1 and t.name.startswith(("blk.0.", "blk.29.")) and len(t.shape) == 2:
+        if t.tensor_type in KERNEL_TYPES and (t.name.startswith(("blk.0.", "blk.29.")) or t.name == "token_embd.weight"):
             shape = tuple(int(d) for d in reversed(t.shape.tolist()))
             expected = torch.from_numpy(dequantize(np.asarray(t.data), t.tensor_type).reshape(shape))
-            assert torch.equal(q4_from_blocks(np.asarray(t.data), t.tensor_type, shape).dequantize(), expected)
+            assert torch.equal(quant_from_blocks(np.asarray(t.data), t.tensor_type, shape).dequantize(), expected)
             checked += 1
-    assert checked == 14
+    assert checked == 15
 
 
 @pytest.fixture(scope="module")
@@ -413,7 +339,8 @@ TINY_META = {
 }
 
 
-def tiny_tensors(extra: list | None = None) -> list:
+def tiny_tensors(extra: list | None = None, layer: bool = False, ffn: int = 64) -> list:
+    """token_embd and output_norm (and with `layer`, layer 0's tensors, F32, those in `extra` left out)."""
     rng = np.random.default_rng(0)
 
     def w(*shape):
@@ -421,6 +348,12 @@ def tiny_tensors(extra: list | None = None) -> list:
 
     tensors = [("token_embd.weight", w(VOCAB, 32).astype(np.float16), None),
                ("output_norm.weight", np.ones(32, np.float32), None)]
+    if layer:
+        shapes = {"attn_norm.weight": (32,), "attn_q.weight": (32, 32), "attn_k.weight": (16, 32),
+                  "attn_v.weight": (16, 32), "attn_output.weight": (32, 32), "ffn_norm.weight": (32,),
+                  "ffn_gate.weight": (ffn, 32), "ffn_up.weight": (ffn, 32), "ffn_down.weight": (32, ffn)}
+        given = {name for name, _, _ in extra or []}
+        tensors += [(f"blk.0.{n}", w(*s), None) for n, s in shapes.items() if f"blk.0.{n}" not in given]
     return (extra or []) + tensors
 
 
@@ -488,15 +421,16 @@ def test_missing_metadata_is_a_loader_error(key, tmp_path, tokenizer_fields):
 
 
 def test_unsupported_tensor_type_is_a_loader_error(tmp_path, tokenizer_fields):
-    block_size, type_size = GGML_QUANT_SIZES[QT.IQ2_XXS]
-    blocks = np.random.default_rng(2).integers(0, 256, size=(64, 512 // block_size, type_size), dtype=np.uint8)
-    blocks[..., 0:2] = np.array([0.01], np.float16).view(np.uint8)  # each block's f16 scale
-    raw = blocks.reshape(64, -1)
-    bad = ("blk.0.ffn_down.weight", raw, QT.IQ2_XXS)
+    """Q8_K (llama.cpp's activation type) is a type nothing in strata or gguf-py reads."""
+    block_size, type_size = GGML_QUANT_SIZES[QT.Q8_K]
+    raw = np.random.default_rng(2).integers(0, 256, size=(64, 512 // block_size * type_size), dtype=np.uint8)
+    bad = ("blk.0.ffn_down.weight", raw, QT.Q8_K)
     meta = dict(TINY_META, feed_forward_length=512)
-    path = write_gguf(str(tmp_path / "iq2.gguf"), "llama", meta, tiny_tensors([bad]), tokenizer_fields)
-    assert_loader_error(path, "'blk.0.ffn_down.weight'", "IQ2_XXS", weights=True)
-    with pytest.raises(LoaderError, match="IQ2_XXS"):
+    path = write_gguf(str(tmp_path / "q8k.gguf"), "llama", meta, tiny_tensors([bad], layer=True, ffn=512),
+                      tokenizer_fields)
+    message = assert_loader_error(path, "'blk.0.ffn_down.weight'", "Q8_K", "supported: ")
+    assert "Q2_K" in message and "IQ4_XS" in message  # the types it does read
+    with pytest.raises(LoaderError, match="Q8_K"):
         Engine(EngineConfig(model=path, dtype="float32", weights="dense", max_context=64), progress=False)
 
 

@@ -39,10 +39,15 @@ def greedy(e: Engine, n: int = 24) -> list[int]:
 
 
 def tensors(model) -> list[torch.Tensor]:
-    out = [model.embed, model.norm.weight, model.lm_head.weight]
+    """Every tensor the model holds: dense weights and the file's quantized blocks alike."""
+    def quant(q) -> list[torch.Tensor]:
+        return [] if q is None else [p.raw for p in getattr(q, "parts", [q])]
+
+    out = [t for t in (model.embedding.weight, model.norm.weight, model.lm_head.weight) if t is not None]
+    out += quant(model.embedding.quant) + quant(getattr(model.lm_head, "quant", None))
     for layer in model.layers:
         for lin in (layer.qkv, layer.o, layer.gate_up, layer.down):
-            out += [t for t in (lin.weight, lin.bias) if t is not None] + list(lin.int4 or ())
+            out += [t for t in (lin.weight, lin.bias) if t is not None] + quant(lin.quant)
         out += [layer.input_norm.weight, layer.post_norm.weight]
     return out
 
@@ -55,10 +60,22 @@ def test_the_second_start_maps_the_same_model_from_the_cache(cache):
     assert second.info.loaded_from_cache
     assert second._model.rotary[torch.device("cpu")].cos.shape[0] == 160
     a, b = tensors(first._model), tensors(second._model)
-    assert len(a) == len(b) > 200 and all(torch.equal(x, y) for x, y in zip(a, b))
+    assert len(a) == len(b) > 180 and all(torch.equal(x, y) for x, y in zip(a, b))
     assert second.tokenizer.encode("Hello, sea!") == first.tokenizer.encode("Hello, sea!")
     assert second.tokenizer.chat_template == first.tokenizer.chat_template
     assert second.info.fingerprint == first.info.fingerprint and second.model_config == first.model_config
+    assert greedy(second) == greedy(first)
+
+
+def test_native_weights_map_back_from_the_cache(cache):
+    """The file's blocks pickle (QuantWeight) and come back read in place, same tokens."""
+    require_default_model()
+    first = engine(weights="native")
+    second = engine(weights="native")
+    assert not first.info.loaded_from_cache and second.info.loaded_from_cache
+    a, b = tensors(first._model), tensors(second._model)
+    assert any(t.dtype == torch.uint8 for t in b) and all(torch.equal(x, y) for x, y in zip(a, b))
+    assert second._model.layers[0].qkv.weight is None and second._model.layers[0].qkv.quant is not None
     assert greedy(second) == greedy(first)
 
 

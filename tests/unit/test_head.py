@@ -25,6 +25,8 @@ def test_int8_rows_are_within_half_a_step_of_the_weight():
     step = q.scale.float().unsqueeze(1)
     assert (err <= step / 2 + 1e-6).all()
     assert (q.dequantize()[7] == 0).all()
+    chunked = Int8Rows.quantize(w, chunk=7)  # rows a chunk at a time: the same codes and scales
+    assert torch.equal(chunked.codes, q.codes) and torch.equal(chunked.scale, q.scale)
 
 
 @pytest.mark.parametrize("rows", [1, INT8_HEAD_MAX_ROWS])
@@ -47,7 +49,37 @@ def test_longer_steps_read_the_dense_weight_exactly():
 
 def test_which_head_each_build_gets():
     w = weight()
-    assert isinstance(make_head(w, "auto"), Int8Head)
-    assert isinstance(make_head(w, "native"), Int8Head)
-    assert type(make_head(w, "dense")) is DenseHead
-    assert type(make_head(w.float(), "auto")) is DenseHead  # float32 compute stays exact
+    cpu, bf16, f32 = torch.device("cpu"), torch.bfloat16, torch.float32
+    assert isinstance(make_head(w, None, "auto", bf16, cpu), Int8Head)
+    assert isinstance(make_head(w, None, "native", bf16, cpu), Int8Head)  # a float head in the file
+    assert type(make_head(w, None, "dense", bf16, cpu)) is DenseHead
+    assert type(make_head(w.float(), None, "auto", f32, cpu)) is DenseHead  # float32 compute stays exact
+
+
+def test_a_quantized_head_is_read_in_place():
+    """native holds only the file's blocks; float32 auto reads them at decode steps (their exact
+    values); bfloat16 auto keeps the faster int8 copy."""
+    from strata.models.fused import load_quant_ops
+    from strata.models.head import QUANT_HEAD_MAX_ROWS, QuantHead
+    from strata.models.quant import QuantWeight
+
+    if load_quant_ops() is None:
+        pytest.skip("strata's quantized kernels are not built")
+    import numpy as np
+    from gguf import GGMLQuantizationType as QT
+    from gguf.quants import quantize
+
+    dense = weight().float()
+    q = QuantWeight(torch.from_numpy(quantize(dense.numpy(), QT.Q8_0)), int(QT.Q8_0), dense.shape[1])
+    exact = q.dequantize()
+    cpu = torch.device("cpu")
+    native = make_head(None, q, "native", torch.float32, cpu)
+    assert isinstance(native, QuantHead) and native.weight is None
+    x = torch.randn(3, dense.shape[1], generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(native(x), x @ exact.T, rtol=1e-5, atol=1e-5)
+    auto = make_head(exact, q, "auto", torch.float32, cpu)
+    assert isinstance(auto, QuantHead) and auto.max_rows == QUANT_HEAD_MAX_ROWS
+    big = torch.randn(QUANT_HEAD_MAX_ROWS + 1, dense.shape[1])
+    assert torch.equal(auto(big), torch.nn.functional.linear(big, exact))  # prompt rows: the dense weight
+    assert isinstance(make_head(exact.bfloat16(), q, "auto", torch.bfloat16, cpu), Int8Head)
+    assert np.isfinite(native(x).numpy()).all()

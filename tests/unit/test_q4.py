@@ -44,3 +44,21 @@ def test_bfloat16_compute_rounds_scale_and_zero_to_bfloat16():
     assert changed > 0.5  # most float16 scales do not fit bfloat16: values do change
     rel = ((scales_and_zeros[..., 0].T.float() - w.scale).abs() / w.scale).max().item()
     assert rel <= 2**-8  # round to nearest with an 8-bit mantissa: at most half a unit (2^-8 relative)
+
+
+def test_q4_k_maps_onto_the_int4_form_exactly():
+    """Q4_K's per-32 scale and min are (q - 8) * scale + zero with scale = d sc, zero = 8 d sc -
+    dmin mn: the int4 form holds gguf-py's values (float32), and the kernel multiplies by them."""
+    import numpy as np
+    from gguf import GGMLQuantizationType as QT
+    from gguf.quants import dequantize
+
+    from strata.models.q4 import q4_from_blocks
+    from tests.model.tiny_gguf import random_blocks
+
+    raw = random_blocks(QT.Q4_K, 48, 512, np.random.default_rng(3))
+    expected = torch.from_numpy(dequantize(raw, QT.Q4_K).reshape(48, 512))
+    w = q4_from_blocks(raw, QT.Q4_K, (48, 512))
+    assert torch.equal(w.dequantize(), expected)
+    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(kernel(x, w), x @ expected.T, rtol=1e-5, atol=1e-5)

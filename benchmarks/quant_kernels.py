@@ -1,0 +1,172 @@
+"""Quantized projections at decode row counts: strata's kernels against torch's own.
+
+For one decoder layer of the default model (q|k|v 960 x 576, o 576 x 576, gate|up 3072 x
+576, down 576 x 1536; `--layer` for others: the K-quants need rows of multiples of 256) and
+its LM head (49152 x 576), at 1, 4 and 8 rows (and 16, 64 for where a prompt piece starts to
+prefer dense weights), this times:
+
+- strata int8: `quant_matmul` with 8-bit activations (what bfloat16 compute runs), per type;
+- strata float: `quant_matmul` with float32 activations (what float32 compute runs);
+- torch int4: `torch._weight_int4pack_mm_for_cpu`, the kernel Q4_0/Q4_1 used before
+  (group 32, w = (q - 8) * scale + zero: Q4_0, Q4_1 and Q4_K's per-32 scale/min fit it);
+- torch int8 rows: `torch._weight_int8pack_mm`, per-row int8 (the bfloat16 LM head's form);
+- dense: `F.linear` on bfloat16 and float32 weights (torch's oneDNN GEMM; AMX where present).
+
+Weights are random blocks of each type (speed does not depend on the values). Every
+arm runs in this process, interleaved; a projection's time is the median of `--reps` calls,
+a layer's the sum of its projections', and the table reports the median of `--rounds`
+layer times in microseconds and each arm's ratio to dense bfloat16.
+
+    python benchmarks/quant_kernels.py [--threads 2] [--rounds 5] [--isa auto|avx2|avx512_vnni] [--head]
+                                       [--clock cpu]
+
+`--clock cpu` times one thread's CPU time (time.thread_time; it implies --threads 1): on a
+shared machine, wall time also counts the slices other processes take from the threads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.common import print_table, write_json
+
+HEAD = (49152, 576)
+
+
+def layer_shapes(hidden: int, kv: int, ffn: int) -> dict[str, tuple[int, int]]:
+    """[out, in] of one decoder layer's projections (q|k|v and gate|up fused)."""
+    return {"qkv": (hidden + 2 * kv, hidden), "o": (hidden, hidden), "gate_up": (2 * ffn, hidden), "down": (hidden, ffn)}
+
+
+LAYER = layer_shapes(576, 192, 1536)  # the default model
+ROWS = (1, 4, 8, 16, 64)
+TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
+BLOCK = {2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34), 12: (256, 144), 13: (256, 176),
+         14: (256, 210)}
+
+
+def random_blocks(qtype: int, out: int, k: int, rng: np.random.Generator) -> torch.Tensor:
+    """uint8 [out, row bytes] of random codes with small finite float16 scales."""
+    values, size = BLOCK[qtype]
+    raw = rng.integers(0, 256, size=(out, k // values, size), dtype=np.uint8)
+    scale = rng.uniform(1e-3, 2e-3, size=raw.shape[:2] + (2,)).astype(np.float16).view(np.uint8)
+    if qtype == 14:
+        raw[..., -2:] = scale[..., :2]
+    else:
+        raw[..., 0:4] = scale
+    return torch.from_numpy(raw.reshape(out, -1))
+
+
+def timed(fn, reps: int, clock=time.perf_counter) -> float:
+    """The median of `reps` single calls, microseconds (a shared machine: one call descheduled
+    by another process's work does not move it)."""
+    fn()
+    times = []
+    for _ in range(reps):
+        t = clock()
+        fn()
+        times.append(clock() - t)
+    return statistics.median(times) * 1e6
+
+
+def arms_for(shapes: dict, ops, rng) -> dict[str, list]:
+    """arm -> [(in features, fn(x_bf16, x_f32))], one per projection of `shapes`."""
+    from strata.models.head import Int8Rows
+
+    arms: dict[str, list] = {"dense bf16": [], "dense f32": [], "torch int4 bf16": [], "torch int4 f32": [],
+                             "torch int8 rows bf16": []}
+    for out, k in shapes.values():
+        wb = (torch.randn(out, k) * 0.02).bfloat16()
+        wf = wb.float()
+        arms["dense bf16"].append((k, lambda xb, xf, w=wb: F.linear(xb, w)))
+        arms["dense f32"].append((k, lambda xb, xf, w=wf: F.linear(xf, w)))
+        packed = torch._convert_weight_to_int4pack_for_cpu(torch.randint(0, 16, (out, k), dtype=torch.int32), 1)
+        sz = torch.rand(k // 32, out, 2) * 0.01
+        arms["torch int4 bf16"].append(
+            (k, lambda xb, xf, p=packed, s=sz.bfloat16(): torch._weight_int4pack_mm_for_cpu(xb, p, 32, s)))
+        arms["torch int4 f32"].append((k, lambda xb, xf, p=packed, s=sz: torch._weight_int4pack_mm_for_cpu(xf, p, 32, s)))
+        rows8 = Int8Rows.quantize(wb)  # the int8 LM head's form (models/head.py)
+        arms["torch int8 rows bf16"].append(
+            (k, lambda xb, xf, r=rows8: torch._weight_int8pack_mm(xb, r.codes, r.scale)))
+    if ops is None:
+        return arms
+    for name, qtype in TYPES.items():
+        if any(k % BLOCK[qtype][0] for _, k in shapes.values()):
+            continue
+        for path, int8 in (("int8", True), ("float", False)):
+            arms[f"strata {path} {name}"] = [
+                (k, lambda xb, xf, w=random_blocks(qtype, out, k, rng), t=qtype, i=int8:
+                 ops.quant_matmul(xb if i else xf, [w], [t], i))
+                for out, k in shapes.values()]
+    return arms
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--isa", default="auto", help="the quantized kernels' instruction set (auto, avx2, avx512_vnni)")
+    p.add_argument("--head", action="store_true", help="time the LM head instead of one layer")
+    p.add_argument("--layer", default="576,192,1536",
+                   help="hidden,kv,ffn of the layer (default: the default model's; K-quants need multiples of 256)")
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                   help="wall time, or this thread's CPU time (implies --threads 1)")
+    args = p.parse_args()
+    if args.clock == "cpu":
+        args.threads = 1
+    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
+    torch.set_num_threads(args.threads)
+    from strata.models.fused import load_quant_ops
+
+    ops = load_quant_ops()
+    if ops is not None:
+        ops.set_quant_isa(args.isa)
+    isa = ops.quant_isa() if ops is not None else "not built"
+    shapes = {"head": HEAD} if args.head else layer_shapes(*(int(v) for v in args.layer.split(",")))
+    arms = arms_for(shapes, ops, np.random.default_rng(0))
+    reps = max(2, args.reps // 10) if args.head else args.reps
+    times: dict[str, dict[int, list[float]]] = {a: {r: [] for r in ROWS} for a in arms}
+    with torch.inference_mode():
+        for _ in range(args.rounds):
+            for rows in ROWS:
+                xs = {k: torch.randn(rows, k).bfloat16() for _, k in shapes.values()}
+                for name, projections in arms.items():
+                    times[name][rows].append(
+                        sum(timed(lambda: fn(xs[k], xs[k].float()), reps, clock) for k, fn in projections))
+    med = {a: {r: statistics.median(v) for r, v in per.items()} for a, per in times.items()}
+    base = med["dense bf16"]
+    rows_out = [[a] + [med[a][r] for r in ROWS] + [base[r] / med[a][r] for r in (1, 8)] for a in arms]
+    table = print_table(
+        f"{'LM head of the default model' if args.head else f'one layer {shapes}'}, microseconds (median of {args.rounds}); "
+        f"{args.threads} threads, {args.clock} clock, quantized kernels: {isa}; {cpu_name()}",
+        ["arm"] + [f"{r} rows us" for r in ROWS] + ["x dense bf16 @1", "x dense bf16 @8"], rows_out)
+    path = write_json("quant_kernels_head.json" if args.head else f"quant_kernels-{args.layer.replace(',', '-')}.json",
+                      {"args": vars(args), "isa": isa, "cpu": cpu_name(), "median_us": med, "table": table})
+    print(f"raw numbers: {path}")
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+if __name__ == "__main__":
+    main()

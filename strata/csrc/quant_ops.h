@@ -1,0 +1,33 @@
+// The torch-facing quantized ops (quant_ops.cpp); decode_ops.cpp binds them into the module.
+#pragma once
+
+#include <torch/extension.h>
+
+#include <string>
+#include <vector>
+
+namespace strata {
+
+// One projection's quantized parts, side by side along the output (see quant_ops.cpp).
+class QuantLinear {
+ public:
+  QuantLinear(std::vector<torch::Tensor> weights, std::vector<int64_t> types);
+  torch::Tensor forward(const torch::Tensor& x, bool int8) const;
+  int64_t in_features() const { return k_; }
+  int64_t out_features() const { return first_.back(); }
+
+ private:
+  std::vector<torch::Tensor> weights_;  // uint8 [out_i, row bytes], kept alive here
+  std::vector<int> types_;
+  std::vector<int64_t> first_;  // output column where each part starts, then the total
+  int64_t k_ = 0;
+  bool need32_ = false, need256_ = false;  // which activation quantizations the parts read
+};
+
+torch::Tensor quant_matmul(torch::Tensor x, std::vector<torch::Tensor> weights, std::vector<int64_t> types, bool int8);
+torch::Tensor quant_dequant_rows(torch::Tensor w, int64_t type, torch::Tensor ids, at::ScalarType dtype);
+std::string quant_isa();
+std::vector<std::string> quant_isas();
+void set_quant_isa(const std::string& name);
+
+}  // namespace strata

@@ -1,0 +1,151 @@
+"""Projections: y = x W^T (+ b), W dense, the file's quantized blocks, or torch's int4 pack.
+
+Which form a projection reads (`fused_linear`), as measured by benchmarks/quant_kernels.py
+(one decoder layer of the default model, 1 thread, a Sapphire Rapids guest with AMX):
+
+- `--weights native`: the file's blocks (models/quant.py) at every step, any dtype;
+- `--weights auto`, bfloat16: decode steps of at most `quant_max_rows()` rows read Q4_0 and
+  Q4_1 through torch's int4 kernel (q4.py; 1 row 0.29 ms against 0.40 ms for strata's
+  kernel) and every other type through strata's kernel (Q8_0 0.31 ms; on a 1024-wide layer
+  Q4_K 0.61 ms against 0.79 ms for its int4 form); longer steps read the dense copy, whose
+  bfloat16 GEMM runs on AMX tiles and is flat in rows (0.7-0.8 ms: faster than any 4-bit
+  path from about 6 rows on);
+- `--weights auto`, float32: steps of up to 8 rows read the blocks in place against float32
+  activations, exact values (1 row 0.93 ms against 0.70 ms dense float32, 8 rows 1.9 against
+  1.8, but 4 rows 1.2 against 1.2; torch's int4 kernel takes 9 ms), longer ones dense;
+- `--weights dense`, or a layer on an accelerator: dense.
+"""
+
+from __future__ import annotations
+
+from collections.abc import MutableMapping, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from strata.models.fused import load_quant_ops
+from strata.models.q4 import GROUP, Q4_TYPES, Q4Weight, pack_for_cpu, q4_from_blocks
+from strata.models.quant import QuantMatmul, QuantWeight
+
+# Decode steps of up to this many rows read a 4-bit form beside the dense copy (auto); on CPUs
+# with AMX, bfloat16 dense GEMMs win from fewer rows (see the module docstring).
+QUANT_MAX_ROWS = 8
+QUANT_MAX_ROWS_AMX_BF16 = 4
+# The types torch's int4 kernel reads faster than strata's own (bfloat16, decode rows); Q4_K
+# maps onto it too (q4.py) but strata's kernel measured faster.
+INT4_FASTER = (Q4_TYPES[0], Q4_TYPES[1])
+
+
+def quant_max_rows(dtype: torch.dtype) -> int:
+    """Rows up to which an auto-mode projection reads its 4-bit form, in this process."""
+    if dtype == torch.bfloat16 and getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)():
+        return QUANT_MAX_ROWS_AMX_BF16
+    return QUANT_MAX_ROWS
+
+
+class Linear:
+    """One projection (q|k|v or gate|up side by side).
+
+    `weight`: dense [out, in] in the compute dtype, or None; `quant`: the file's blocks read in
+    place; `int4`: (packed codes, scales_and_zeros) for torch's int4 kernel. With a dense weight
+    beside a 4-bit form, steps of at most `max_rows` rows read the 4-bit form.
+    """
+
+    def __init__(self, weight: torch.Tensor | None, bias: torch.Tensor | None = None,
+                 quant: QuantMatmul | None = None, int4: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 max_rows: int | None = None):
+        assert weight is not None or quant is not None
+        self.weight = weight
+        self.bias = bias
+        self.quant = quant
+        self.int4 = int4
+        self.max_rows = max_rows if weight is not None else None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weight is None or (self.max_rows is not None and x.shape[0] <= self.max_rows):
+            if self.int4 is not None:
+                y = torch._weight_int4pack_mm_for_cpu(x, self.int4[0], GROUP, self.int4[1])
+                return y if self.bias is None else y + self.bias
+            if self.quant is not None:
+                y = self.quant(x)
+                return y if self.bias is None else y + self.bias
+        return F.linear(x, self.weight, self.bias)
+
+    @property
+    def num_bytes(self) -> int:
+        parts = [self.weight, self.bias, *(self.int4 or ())]
+        return sum(t.numel() * t.element_size() for t in parts if t is not None) + (
+            self.quant.num_bytes if self.quant is not None else 0)
+
+
+class Concat:
+    """Projections side by side whose parts are stored differently (some types read in place,
+    others dense): each run of parts is one Linear, their outputs concatenated."""
+
+    def __init__(self, runs: list[Linear], bias: torch.Tensor | None):
+        self.runs = runs
+        self.bias = bias
+        self.weight = None
+        self.int4 = None
+        self.max_rows = None  # native: every step reads the 4-bit runs
+        self.quant = next((r.quant for r in runs if r.quant is not None), None)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.cat([r(x) for r in self.runs], dim=-1)
+        return y if self.bias is None else y + self.bias
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(r.num_bytes for r in self.runs) + (0 if self.bias is None else self.bias.numel() * self.bias.element_size())
+
+
+def fused_linear(
+    weights: MutableMapping[str, torch.Tensor | QuantWeight],
+    names: Sequence[str],
+    bias_names: Sequence[str] | None,
+    weight_mode: str,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> Linear | Concat:
+    """One projection computing `names` side by side. Parts stored as `name + ".quant"` are
+    read as the module docstring says; elsewhere they are dequantised. The parts are taken out
+    of `weights` (the unfused copies go as the model is built, not after it)."""
+    quant = [weights.pop(n + ".quant", None) for n in names]
+    parts = [weights.pop(n) if n in weights or quant[i] is None else None for i, n in enumerate(names)]
+    bias = torch.cat([weights.pop(b) for b in bias_names]) if bias_names else None
+    in_place = device.type == "cpu" and weight_mode != "dense" and load_quant_ops() is not None
+
+    def dense(i: int) -> torch.Tensor:
+        w = parts[i]
+        if w is None:  # native: only the quantized bytes were loaded
+            w = quant[i].dequantize(dtype).to(device)
+        return w
+
+    def all_dense() -> torch.Tensor:
+        return torch.cat([dense(i) for i in range(len(names))])
+
+    if not in_place or all(q is None for q in quant):
+        return Linear(all_dense(), bias)
+    if weight_mode == "auto":
+        if any(q is None for q in quant):
+            return Linear(all_dense(), bias)
+        rows = quant_max_rows(dtype)
+        if dtype == torch.bfloat16 and all(q.qtype in INT4_FASTER for q in quant):
+            q4 = Q4Weight.cat([q4_from_blocks(q.raw.numpy(), q.qtype, (q.out_features, q.in_features)) for q in quant])
+            return Linear(all_dense(), bias, int4=pack_for_cpu(q4, dtype), max_rows=rows)
+        return Linear(all_dense(), bias, QuantMatmul(quant), max_rows=rows)
+    runs: list[Linear] = []
+    i = 0
+    while i < len(names):  # native: consecutive parts read the same way share one call
+        j = i
+        while j < len(names) and (quant[j] is None) == (quant[i] is None):
+            j += 1
+        if quant[i] is not None:
+            runs.append(Linear(None, None, QuantMatmul(quant[i:j])))
+        else:
+            runs.append(Linear(torch.cat([dense(k) for k in range(i, j)]), None))
+        i = j
+    if len(runs) == 1:
+        runs[0].bias = bias
+        return runs[0]
+    return Concat(runs, bias)

@@ -1,0 +1,208 @@
+"""--weights native on tiny GGUF files of every type strata reads, and refusals that come first.
+
+One file per type: a random two-layer Llama (hidden 256, so K-quant rows fit) whose every
+matrix (embedding, projections, head; tied for some types) is stored in that type, written
+with gguf.GGUFWriter as llama.cpp lays it out (q/k rows permuted). `--weights native` must
+hold the file's blocks (no dense copy) and give the dense dequantised model's greedy tokens
+in float32, where the kernels meet float32 activations with the blocks' exact values.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as QT
+from gguf import GGUFReader
+
+from strata.config import EngineConfig
+from strata.engine.engine import Engine
+from strata.errors import LoaderError
+from strata.loader import fingerprint, gguf_tensors, open_model
+from strata.loader.tokenizer import Tokenizer
+from strata.models.head import QuantHead
+from strata.models.quant import KERNEL_TYPES
+from strata.sampling import SamplingParams
+from strata.testing import prompt_logits
+from tests.conftest import require
+from tests.model import tiny_gguf
+from tests.model.tiny_gguf import VOCAB, random_blocks, write_gguf
+
+require("gguf")
+
+KERNEL = sorted(KERNEL_TYPES)
+DENSE_ONLY = [QT.Q2_K, QT.Q3_K, QT.IQ4_NL, QT.IQ4_XS, QT.IQ2_XXS, QT.TQ2_0]
+TIED = {QT.Q4_1, QT.Q5_0, QT.Q8_0, QT.Q6_K}  # these files tie the head to the embedding
+HIDDEN, FFN, HEADS, KV_HEADS = 256, 512, 4, 2
+META = {"context_length": 512, "embedding_length": HIDDEN, "block_count": 2, "feed_forward_length": FFN,
+        "attention.head_count": HEADS, "attention.head_count_kv": KV_HEADS, "rope.freq_base": 10000.0,
+        "attention.layer_norm_rms_epsilon": 1e-5, "rope.dimension_count": HIDDEN // HEADS, "vocab_size": VOCAB}
+SHAPES = {"attn_q.weight": (HIDDEN, HIDDEN), "attn_k.weight": (128, HIDDEN), "attn_v.weight": (128, HIDDEN),
+          "attn_output.weight": (HIDDEN, HIDDEN), "ffn_gate.weight": (FFN, HIDDEN),
+          "ffn_up.weight": (FFN, HIDDEN), "ffn_down.weight": (HIDDEN, FFN)}
+PROMPT = "The lighthouse keeper climbed the stairs and watched the ships."
+
+
+@pytest.fixture(scope="module")
+def fields(gguf_path):
+    return tiny_gguf.tokenizer_fields(gguf_path)
+
+
+def tiny_file(folder, qtype: QT, fields, tied: bool, odd: list | None = None, arch: str = "llama",
+              overrides: dict | None = None, drop: tuple[str, ...] = ()) -> str:
+    """A two-layer model with every matrix in `qtype` (norms F32); `odd` replaces or adds
+    tensors, `drop` leaves some out."""
+    rng = np.random.default_rng(int(qtype))
+    tensors = [("token_embd.weight", random_blocks(qtype, VOCAB, HIDDEN, rng, rms=0.5), qtype),
+               ("output_norm.weight", 1 + 0.1 * rng.standard_normal(HIDDEN).astype(np.float32), None)]
+    if not tied:
+        tensors.append(("output.weight", random_blocks(qtype, VOCAB, HIDDEN, rng, rms=0.1), qtype))
+    for i in range(2):
+        for name in ("attn_norm.weight", "ffn_norm.weight"):
+            tensors.append((f"blk.{i}.{name}", 1 + 0.1 * rng.standard_normal(HIDDEN).astype(np.float32), None))
+        for name, (rows, cols) in SHAPES.items():
+            tensors.append((f"blk.{i}.{name}", random_blocks(qtype, rows, cols, rng, rms=0.08), qtype))
+    for bad in odd or []:
+        tensors = [t for t in tensors if t[0] != bad[0]] + [bad]
+    tensors = [t for t in tensors if t[0] not in drop]
+    return write_gguf(str(folder / f"tiny-{qtype.name}.gguf"), arch, META, tensors, fields, overrides=overrides)
+
+
+def engine(path: str, weights: str, dtype: str = "float32") -> Engine:
+    return Engine(EngineConfig(model=path, dtype=dtype, weights=weights, max_context=128, kv_chunk=16,
+                               prefill_chunk=5), progress=False)
+
+
+def greedy(e: Engine, ids: list[int], n: int = 16) -> list[int]:
+    e.submit(ids, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+    return [t for out in e.run_until_done() for t in out.new_token_ids]
+
+
+@pytest.fixture(scope="module", params=KERNEL, ids=[t.name for t in KERNEL])
+def kernel_file(request, tmp_path_factory, fields) -> tuple[QT, str]:
+    qtype = request.param
+    return qtype, tiny_file(tmp_path_factory.mktemp(qtype.name), qtype, fields, tied=qtype in TIED)
+
+
+def test_native_holds_the_files_blocks(kernel_file):
+    qtype, path = kernel_file
+    model = engine(path, "native")._model
+    stored = {t.name: int(t.n_bytes) for t in GGUFReader(path).tensors if t.tensor_type == qtype}
+    held = 0
+    for layer in model.layers:
+        for proj in (layer.qkv, layer.o, layer.gate_up, layer.down):
+            assert proj.weight is None and proj.quant is not None
+            assert all(p.qtype == int(qtype) for p in proj.quant.parts)
+            held += proj.quant.num_bytes
+    assert model.embedding.weight is None and model.embedding.quant.qtype == int(qtype)
+    held += model.embedding.quant.num_bytes
+    assert isinstance(model.lm_head, QuantHead) and model.lm_head.weight is None
+    if qtype in TIED:  # the head reads the embedding's own bytes
+        assert model.lm_head.quant.parts[0].raw.data_ptr() == model.embedding.quant.raw.data_ptr()
+    else:
+        held += model.lm_head.quant.num_bytes
+    assert held == sum(stored.values())
+
+
+def test_native_greedy_equals_dense(kernel_file):
+    """float32: the same tokens, and logits as close as float32 summation order allows."""
+    _, path = kernel_file
+    dense, native = engine(path, "dense"), engine(path, "native")
+    ids = dense.tokenizer.encode(PROMPT)
+    expected = prompt_logits(dense, ids)
+    got = prompt_logits(native, ids)
+    assert (got - expected).abs().max().item() <= 1e-4 * expected.abs().max().item()
+    assert len(set(expected.argmax(dim=-1).tolist())) > 3  # the model answers its input: a wrong weight shows
+    assert greedy(native, ids) == greedy(dense, ids)
+
+
+def test_native_bfloat16_reads_8_bit_activations_close_to_dense(kernel_file):
+    """bfloat16: 8-bit activations (the kernels' bound: tests/unit/test_quant_kernels.py); the
+    whole model stays within a few percent of the dense float32 logits. A misplaced row or
+    part would be off by the logits' own size."""
+    _, path = kernel_file
+    dense, native = engine(path, "dense"), engine(path, "native", "bfloat16")
+    ids = dense.tokenizer.encode(PROMPT)
+    expected = prompt_logits(dense, ids)
+    got = prompt_logits(native, ids)
+    assert (got - expected).abs().max().item() <= 0.05 * expected.abs().max().item()
+
+
+@pytest.mark.parametrize("qtype", DENSE_ONLY, ids=[t.name for t in DENSE_ONLY])
+def test_types_without_a_kernel_load_dense_with_one_warning(qtype, tmp_path, fields, caplog):
+    path = tiny_file(tmp_path, qtype, fields, tied=False)
+    with caplog.at_level(logging.WARNING, logger="strata.loader"):
+        native = engine(path, "native")
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and qtype.name in warnings[0] and "MiB in float32" in warnings[0], warnings
+    assert all(layer.qkv.weight is not None and layer.qkv.quant is None for layer in native._model.layers)
+    dense = engine(path, "dense")
+    ids = dense.tokenizer.encode(PROMPT)
+    assert greedy(native, ids) == greedy(dense, ids)
+
+
+# ---- refusals come first -------------------------------------------------------------------
+
+
+@pytest.fixture
+def spies(monkeypatch) -> list[str]:
+    """Names of the loader's tensor readers, the fingerprint and the vocabulary parse, as called."""
+    calls: list[str] = []
+    for owner, name in ((gguf_tensors, "read_raw"), (gguf_tensors, "dequantize"),
+                        (fingerprint, "weights_fingerprint")):
+        real = getattr(owner, name)
+        monkeypatch.setattr(owner, name, lambda *a, _real=real, _name=name, **kw: calls.append(_name) or _real(*a, **kw))
+    real_vocab = Tokenizer.from_gguf.__func__
+    monkeypatch.setattr(Tokenizer, "from_gguf",
+                        classmethod(lambda cls, *a: calls.append("from_gguf") or real_vocab(cls, *a)))
+    return calls
+
+
+def test_spies_see_an_accepted_file_read(spies, tmp_path, fields):
+    path = tiny_file(tmp_path, QT.Q4_K, fields, tied=False)
+    list(open_model(path, weights="auto").tensors)
+    assert {"read_raw", "dequantize", "weights_fingerprint", "from_gguf"} <= set(spies)
+
+
+REFUSALS = {
+    "tensor type": (dict(odd=[("blk.1.ffn_up.weight", np.zeros((FFN, 292), np.uint8), QT.Q8_K)]),
+                    ["'blk.1.ffn_up.weight'", "Q8_K", "supported: "]),
+    "architecture": (dict(arch="gpt2"), ["architecture 'gpt2'"]),
+    "tokenizer kind": (dict(overrides={"tokenizer.ggml.model": "bert"}), ["tokenizer.ggml.model 'bert'"]),
+    "unexpected tensor": (dict(odd=[("blk.0.attn_qkv.weight", np.zeros((64, 256), np.float32), None)]),
+                          ["unexpected tensor 'blk.0.attn_qkv.weight'"]),
+    "missing tensor": (dict(drop=("blk.1.ffn_down.weight",)), ["'blk.1.ffn_down.weight'", "missing"]),
+}
+
+
+@pytest.mark.parametrize("what", sorted(REFUSALS))
+def test_a_refused_file_fails_before_any_tensor_is_read_or_hashed(what, spies, tmp_path, fields):
+    kw, needles = REFUSALS[what]
+    path = tiny_file(tmp_path, QT.Q8_0, fields, **dict({"tied": False}, **kw))
+    with pytest.raises(LoaderError) as info:
+        open_model(path, weights="native")
+    for needle in [path, *needles]:
+        assert needle in str(info.value), (needle, str(info.value))
+    assert spies == [], f"read before refusing: {spies}"
+    with pytest.raises(LoaderError):
+        engine(path, "auto")
+    assert spies == []
+
+
+
+def test_the_memory_guard_counts_the_files_blocks_under_native(tmp_path, fields, monkeypatch):
+    """native holds the file's blocks: the guard adds up the file's bytes, not a dense copy."""
+    import os
+
+    import strata.engine.build as build
+
+    path = tiny_file(tmp_path, QT.Q4_K, fields, tied=False)
+    plans = {}
+    monkeypatch.setattr(build, "check_memory", lambda plan, *a: plans.setdefault(len(plans), plan))
+    engine(path, "native", "bfloat16")
+    engine(path, "dense", "bfloat16")
+    native, dense = plans[0], plans[1]
+    assert native.weight_bytes == os.path.getsize(path) < dense.weight_bytes
+    assert native.kv_bytes == dense.kv_bytes
