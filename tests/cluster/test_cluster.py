@@ -24,9 +24,11 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-ray = pytest.importorskip("ray")
-serve = pytest.importorskip("ray.serve")
-openai = pytest.importorskip("openai")
+from tests.conftest import require  # noqa: E402
+
+ray = require("ray")
+serve = require("ray.serve")
+openai = require("openai")
 
 from strata.cluster.app import REPLICA_DEPLOYMENT, ClusterSpec, build_app, replica_ids  # noqa: E402
 from strata.config import EngineConfig  # noqa: E402
@@ -179,7 +181,7 @@ def test_the_front_door_answers_as_strata_serve(cluster):
     big = httpx.post(f"{cluster.base_url}/v1/completions", content=b"x" * (BODY_LIMIT + 1),
                      headers={"content-type": "application/json"})
     assert big.status_code == 413 and big.json()["error"]["code"] == "request_too_large"
-    anthropic = pytest.importorskip("anthropic")
+    anthropic = require("anthropic")
     raw = anthropic.Anthropic(base_url=cluster.base_url, api_key="none", max_retries=0).messages.with_raw_response \
         .create(model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "Hello"}])
     assert "x-strata-replica" in raw.headers and 1 <= raw.parse().usage.output_tokens <= 5

@@ -84,7 +84,24 @@ def test_chat_extra_fields_over_httpx(main_server):
         "draft_n",  # --spec ngram by default
         "draft_n_accepted",
     }
-    assert body["timings"]["cache_n"] == body["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+def test_timings_and_usage_count_the_cached_prefix(main_server):
+    """Hand-worked counts: a fresh 40-token prompt reuses nothing; the same 40 tokens plus 2
+    more reuse those 40 (the conversation cache holds them) and compute 2."""
+    prompt = list(range(7000, 7040))  # ids no other test sends
+
+    def complete(ids: list[int]) -> dict:
+        with main_server.client() as c:
+            r = c.post("/v1/completions", json={"prompt": ids, "max_tokens": 3, "temperature": 0, "ignore_eos": True})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    for ids, cached in ((prompt, 0), (prompt + [7100, 7101], 40)):
+        body = complete(ids)
+        t, usage = body["timings"], body["usage"]
+        assert (t["cache_n"], t["prompt_n"], t["predicted_n"]) == (cached, len(ids) - cached, 3)
+        assert (usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"]) == (len(ids), cached)
 
 
 def test_completion_whole_and_streamed(main_server):
@@ -288,9 +305,11 @@ def test_slots_and_metrics(main_server):
     with main_server.client() as c:
         slots = c.get("/slots").json()
     assert [s["id"] for s in slots] == list(range(1 + MAIN_ENGINE["batch"]))
-    for s in slots:
-        assert s["state"] in ("empty", "idle", "prefilling", "decoding")
-        assert s["n_ctx"] == MAIN_ENGINE["max_context"] and s["chunks_held"] >= 0
+    chunk = MAIN_ENGINE["kv_chunk"]
+    for s in slots:  # nothing runs now: each lane is empty or holds an idle conversation, whole chunks
+        assert s["state"] in ("empty", "idle") and s["n_ctx"] == MAIN_ENGINE["max_context"]
+        assert s["chunks_held"] == -(-s["conversation_tokens"] // chunk), s
+        assert (s["state"] == "empty") == (s["conversation_tokens"] == 0)
     m = main_server.metrics()
     for name in (
         'strata_kv_chunks{state="total"}',
@@ -313,6 +332,7 @@ def test_slots_and_metrics(main_server):
     ):
         assert name in m, name
     total = m['strata_kv_chunks{state="total"}']
+    assert total == MAIN_ENGINE["kv_pool_tokens"] // chunk
     assert m['strata_kv_chunks{state="held"}'] + m['strata_kv_chunks{state="free"}'] == total
     assert (
         m["strata_generation_tokens_total"] > 0
