@@ -35,6 +35,11 @@ def artifacts_dir(tmp_path_factory) -> Path:
     return path
 
 
+def problems(page) -> list[str]:
+    """What went wrong in the page: uncaught errors, then Content-Security-Policy violations."""
+    return page.errors + page.evaluate("window.cspViolations")
+
+
 class BrowserSession:
     """One playwright driver and one Chromium for a module's tests."""
 
@@ -48,10 +53,16 @@ class BrowserSession:
         )
 
     def new_context(self):
-        # bypass_csp: playwright's waits evaluate their predicates as strings, which the app's
-        # Content-Security-Policy forbids (no eval). It also means the tests see the page
-        # without that second line of defence: an injected handler would run here.
-        return self.browser.new_context(viewport={"width": 1360, "height": 860}, bypass_csp=True)
+        """A browser profile with the app's strict Content-Security-Policy enforced (no
+        bypass_csp: a page the policy blanks fails). Every page records the policy's
+        violations in `window.cspViolations` from before its first script (an init script,
+        which the devtools protocol runs outside the policy, as it runs playwright's waits)."""
+        context = self.browser.new_context(viewport={"width": 1360, "height": 860})
+        context.add_init_script(
+            "window.cspViolations = [];"
+            "document.addEventListener('securitypolicyviolation',"
+            " e => window.cspViolations.push(`${e.violatedDirective} ${e.blockedURI}`));")
+        return context
 
     def new_page(self, context=None):
         context = context or self.new_context()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 
 import httpx
 import pytest
@@ -289,10 +290,24 @@ def test_streamed_text_is_whole_characters_and_stops_cleanly(main_server):
 
 
 def test_client_that_gives_up_on_a_whole_answer_is_aborted(main_server):
+    """The client hangs up while its whole answer is being made: the engine's steps wait at
+    the gate (step_gate.py) after the request's first step, so the answer cannot end first."""
     before = main_server.metrics().get('strata_requests_finished_total{finish_reason="abort"}', 0)
-    body = {"prompt": "Count slowly:", "max_tokens": 1000, "temperature": 0, "ignore_eos": True}
-    with main_server.client() as c, pytest.raises(httpx.ReadTimeout):
-        c.post("/v1/completions", json=body, timeout=1.0)
+    body = json.dumps({"prompt": "Count slowly:", "max_tokens": 64, "temperature": 0, "ignore_eos": True})
+    host, port = main_server.base_url.removeprefix("http://").split(":")
+    gate = main_server.gate
+    gate.hold()
+    try:
+        with socket.create_connection((host, int(port))) as sock:  # raw HTTP: the test decides when it leaves
+            sock.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                          f"Authorization: Bearer {main_server.api_key}\r\nContent-Type: application/json\r\n"
+                          f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
+            first = gate.steps
+            gate.allow(1)  # admitted, its prompt read: it holds a lane and waits for its next step
+            gate.wait_steps(first + 1)
+            main_server.wait_until(lambda m: m["strata_requests_running"] == 1)
+    finally:
+        gate.release()
     main_server.wait_until(
         lambda m: (
             m["strata_requests_running"] == 0
