@@ -12,7 +12,10 @@ auto` with `--kv-pool-tokens` (the shared pool, sized as the 8 lanes' reservatio
 place of the reserved layout; the "pool / reserved" row shows what the pool costs at
 short contexts). transformers runs dense bf16; llama.cpp reads the 4-bit file.
 
-    python benchmarks/decode.py [--rounds 3] [--new 128] [--threads 2] [--strata auto,dense,pool]
+    python benchmarks/decode.py [--rounds 3] [--new 128] [--threads 2] [--strata auto,dense,pool] [--quick]
+
+`--quick` runs strata's 4-bit arm alone (no peer: transformers and llama.cpp are measured in
+full runs only, and the output says so) on a 64-token prompt, 8 new tokens, one round.
 
 llama.cpp runs when `llama_cpp` (llama-cpp-python, the optional `llamacpp` extra) is
 importable: its high-level API for prefill and one lane, its low-level batch API (one
@@ -29,7 +32,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import interleaved, medians, peak_rss_mib, print_table, run_arm, write_json
+from benchmarks.common import add_quick_and_out, interleaved, medians, peak_rss_mib, print_table, run_arm, write_json
 from benchmarks.decode_parts.plot import plot
 
 PARAGRAPH = (
@@ -245,22 +248,29 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--strata", default="auto,dense,pool",
                    help="strata rows: auto (--weights auto), dense (--weights dense), pool (--kv-pool-tokens)")
+    add_quick_and_out(p, "strata's 4-bit arm only (no peers), 64-token prompt, 8 new tokens, 1 round")
     p.set_defaults(weights="auto", kv_pool_tokens=None)  # the strata arm's; its variants replace them
     args = p.parse_args()
     if args.arm:
         print(json.dumps(ARMS[args.arm](args)))
         return
+    if args.quick:
+        args.prompt, args.new, args.rounds, args.strata = 64, 8, 1, "auto"
     chosen = [x.strip() for x in args.strata.split(",") if x.strip()]
     if not chosen or set(chosen) - set(STRATA_ARMS):
         p.error(f"--strata: choose from {', '.join(STRATA_ARMS)} (got {args.strata!r})")
     strata_arms = [STRATA_ARMS[x] for x in STRATA_ARMS if x in chosen]
-    arms = strata_arms + ["transformers"]
-    try:
-        import llama_cpp  # noqa: F401
+    arms = list(strata_arms)
+    if args.quick:
+        print("--quick: strata's arm only; the peers (transformers, llama.cpp) were not run")
+    else:
+        arms.append("transformers")
+        try:
+            import llama_cpp  # noqa: F401
 
-        arms.append("llama.cpp")
-    except ImportError:
-        print("llama.cpp: llama-cpp-python is not installed; its arm is left out", file=sys.stderr)
+            arms.append("llama.cpp")
+        except ImportError:
+            print("llama.cpp: llama-cpp-python is not installed; its arm is left out", file=sys.stderr)
     passthrough = ["--prompt", str(args.prompt), "--new", str(args.new), "--threads", str(args.threads)]
     raw = interleaved(arms, args.rounds, lambda arm: run_arm(__file__, arm, passthrough))
     med = {arm: medians(rows) for arm, rows in raw.items()}
@@ -278,7 +288,7 @@ def main() -> None:
         ["arm", "prefill tok/s", "decode tok/s (1 lane)", f"decode tok/s ({LANES} lanes)", "load s", "peak RSS MiB"],
         rows,
     )
-    path = write_json("decode.json", {"args": vars(args), "raw": raw, "median": med, "table": table})
+    path = write_json("decode.json", {"args": vars(args), "raw": raw, "median": med, "table": table}, args.out)
     plot(med, LABELS, os.path.splitext(path)[0] + ".png")
     print(f"raw numbers: {path} (plot: decode.png next to it)")
 

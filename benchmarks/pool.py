@@ -172,8 +172,8 @@ class Run:
         ax.set_title(f"lane move, {bpc / KIB:.1f} KiB/cell, chunk {p['chunk']} (synthetic K/V)")
         ax.legend()
         ax.grid(True, which="both", alpha=0.3)
-        path = os.path.join(RESULTS_DIR, "pool-move-quick.png" if self.args.quick else "pool-move.png")
-        os.makedirs(RESULTS_DIR, exist_ok=True)
+        path = os.path.join(self.args.out, "pool-move-quick.png" if self.args.quick else "pool-move.png")
+        os.makedirs(self.args.out, exist_ok=True)
         fig.savefig(path, dpi=120, bbox_inches="tight")
         self.payload["plot"] = path
         print(f"plot: {path}")
@@ -203,9 +203,10 @@ def main() -> None:
     p.add_argument("--new", type=int, help="new tokens per lane in the decode arm (default 16; 8 with --quick)")
     p.add_argument("--capacity-new", type=int, default=2, help="tokens each held conversation decodes in 2b")
     p.add_argument("--quiet-wait", type=float, help="seconds to wait before each arm for the CPUs to be "
-                   "mostly idle (default 180; 30 with --quick)")
+                   "mostly idle (default 180; 0 with --quick)")
     p.add_argument("--quiet-cpu", type=float, default=25.0, help="host CPU %% counted as mostly idle")
     p.add_argument("--timeout", type=float, default=3600, help="seconds one arm may run")
+    p.add_argument("--out", default=RESULTS_DIR, help=f"directory for the JSON and the PNG (default {RESULTS_DIR})")
     args = p.parse_args()
     if args.arm:
         print(json.dumps(ARMS[args.arm](json.loads(args.params))))
@@ -217,7 +218,7 @@ def main() -> None:
     args.ttft_rounds = args.ttft_rounds or (2 if q else 5)
     args.decode_rounds = args.decode_rounds or (2 if q else 3)
     args.new = args.new or (8 if q else 16)
-    args.quiet_wait = args.quiet_wait if args.quiet_wait is not None else (30 if q else 180)
+    args.quiet_wait = args.quiet_wait if args.quiet_wait is not None else (0 if q else 180)
     parts = {x.strip() for x in args.only.split(",") if x.strip()}
     if parts - ALL_PARTS:
         p.error(f"--only: unknown part(s) {', '.join(sorted(parts - ALL_PARTS))}")
@@ -262,7 +263,7 @@ def main() -> None:
                  f"see machine_at_start / loadavg_1m_at_end in each raw result")
     run.payload["tables"] = run.tables
     run.payload["seconds"] = time.perf_counter() - t0
-    path = write_json(results_name(parts, q), run.payload)
+    path = write_json(results_name(parts, q), run.payload, args.out)
     if run.notes:
         print("\nnotes:\n" + "\n".join(f"- {n}" for n in run.notes))
     print(f"raw numbers: {path} ({run.payload['seconds']:.0f} s)")

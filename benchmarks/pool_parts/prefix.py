@@ -205,8 +205,6 @@ def measure(run: Run) -> None:
 def _plot(run: Run, adm: dict) -> None:
     import os
 
-    from benchmarks.common import RESULTS_DIR
-
     try:
         import matplotlib
 
@@ -225,8 +223,8 @@ def _plot(run: Run, adm: dict) -> None:
     ax.set_title("prefix lookup at admission: linear scan vs radix tree")
     ax.legend(fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
-    path = os.path.join(RESULTS_DIR, "pool-prefix-quick.png" if run.args.quick else "pool-prefix.png")
-    os.makedirs(RESULTS_DIR, exist_ok=True)
+    path = os.path.join(run.args.out, "pool-prefix-quick.png" if run.args.quick else "pool-prefix.png")
+    os.makedirs(run.args.out, exist_ok=True)
     fig.savefig(path, dpi=120, bbox_inches="tight")
     run.payload.setdefault("prefix", {})["plot"] = path
     print(f"plot: {path}")
