@@ -15,7 +15,7 @@ short contexts). transformers runs dense bf16; llama.cpp reads the 4-bit file.
     python benchmarks/decode.py [--rounds 3] [--new 128] [--threads 2] [--strata auto,dense,pool] [--quick]
 
 `--quick` runs strata's 4-bit arm alone (no peer: transformers and llama.cpp are measured in
-full runs only, and the output says so) on a 64-token prompt, 8 new tokens, one round.
+full runs only, and the output says so) on a 32-token prompt, 4 new tokens, one round.
 
 llama.cpp runs when `llama_cpp` (llama-cpp-python, the optional `llamacpp` extra) is
 importable: its high-level API for prefill and one lane, its low-level batch API (one
@@ -96,7 +96,7 @@ def arm_strata(args) -> dict:
                 t_first = time.perf_counter()
         return t_first - t, time.perf_counter() - t_first
 
-    run([prompt_ids(tok, 64, 99)], 4)  # warm-up
+    run([prompt_ids(tok, min(64, args.prompt), 99)], 4)  # warm-up
     prefill_s = min(run([prompt_ids(tok, args.prompt, v)], 1)[0] for v in range(3))
     _, dec1 = run([prompt_ids(tok, args.prompt, 10)], args.new + 1)
     _, dec8 = run([prompt_ids(tok, args.prompt, 20 + i) for i in range(LANES)], args.new + 1)
@@ -148,7 +148,7 @@ def arm_transformers(args) -> dict:
                            do_sample=False, cache_implementation="static", pad_token_id=2)
         return time.perf_counter() - t
 
-    gen([prompt_ids(tok, 64, 99)], 4)  # warm-up
+    gen([prompt_ids(tok, min(64, args.prompt), 99)], 4)  # warm-up
     prefill_s = min(gen([prompt_ids(tok, args.prompt, v)], 1) for v in range(3))
     one = [prompt_ids(tok, args.prompt, 10)]
     dec1 = gen(one, args.new + 1) - gen(one, 1)
@@ -248,14 +248,14 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--strata", default="auto,dense,pool",
                    help="strata rows: auto (--weights auto), dense (--weights dense), pool (--kv-pool-tokens)")
-    add_quick_and_out(p, "strata's 4-bit arm only (no peers), 64-token prompt, 8 new tokens, 1 round")
+    add_quick_and_out(p, "strata's 4-bit arm only (no peers), 32-token prompt, 4 new tokens, 1 round")
     p.set_defaults(weights="auto", kv_pool_tokens=None)  # the strata arm's; its variants replace them
     args = p.parse_args()
     if args.arm:
         print(json.dumps(ARMS[args.arm](args)))
         return
     if args.quick:
-        args.prompt, args.new, args.rounds, args.strata = 64, 8, 1, "auto"
+        args.prompt, args.new, args.rounds, args.strata = 32, 4, 1, "auto"
     chosen = [x.strip() for x in args.strata.split(",") if x.strip()]
     if not chosen or set(chosen) - set(STRATA_ARMS):
         p.error(f"--strata: choose from {', '.join(STRATA_ARMS)} (got {args.strata!r})")

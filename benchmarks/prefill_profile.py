@@ -7,7 +7,7 @@ one step (`--prefill-chunk` = the prompt); transformers (dense bf16, the same GG
 dequantised) runs one forward over it. Each arm is profiled over `--rounds` fresh prompts
 under `torch.profiler` (CPU), alternating; the table lists ms per prompt for the heaviest
 ops by self CPU time and the wall time; the JSON (benchmarks/results/prefill_profile.json, or
-under --out) has every op. `--quick`: a 64-token prompt, one round.
+under --out) has every op. `--quick`: a 32-token prompt, one round, one pass.
 """
 
 from __future__ import annotations
@@ -42,10 +42,10 @@ def main() -> None:
     p.add_argument("--prompt", type=int, default=512)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
-    add_quick_and_out(p, "a 64-token prompt, 1 round")
+    add_quick_and_out(p, "a 32-token prompt, 1 round, one pass")
     args = p.parse_args()
     if args.quick:
-        args.prompt, args.rounds = 64, 1
+        args.prompt, args.rounds = 32, 1
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -74,7 +74,7 @@ def main() -> None:
 
     strata_prompt(99), hf_prompt(99)  # warm
     res = {}
-    for arm, fn in (("strata", strata_prompt), ("transformers", hf_prompt)) * 2:
+    for arm, fn in (("strata", strata_prompt), ("transformers", hf_prompt)) * (1 if args.quick else 2):
         wall, ops = profiled(fn, args.rounds)
         if arm not in res or wall < res[arm]["ms"]:
             res[arm] = {"ms": wall, "ops": ops}

@@ -9,7 +9,7 @@ fused decode ops (strata/csrc), with the fused ops but decode attention through 
 SDPA reads (arm "fused, SDPA reads": what the fused attention kernel adds), and with them
 off (`STRATA_FUSED=0` semantics: the model's torch ops), interleaved. The table lists, per arm, ms per step for the heaviest ops by
 self CPU time; the JSON has every op; the PNG stacks each arm's step by op (both in
-benchmarks/results, or under --out). `--quick`: 2 lanes at ~80 cells, 3 steps per arm.
+benchmarks/results, or under --out). `--quick`: 1 lane at ~80 cells, 2 steps per arm, one pass.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def profile_steps(engine, steps: int) -> tuple[float, dict[str, float]]:
     return wall, ops
 
 
-def run(lanes: int, steps: int, threads: int, prompt: int = 512) -> dict:
+def run(lanes: int, steps: int, threads: int, prompt: int = 512, passes: int = 2) -> dict:
     import torch
 
     from strata.config import EngineConfig
@@ -55,12 +55,12 @@ def run(lanes: int, steps: int, threads: int, prompt: int = 512) -> dict:
     params = SamplingParams(temperature=0, max_tokens=4 * steps + 64, ignore_eos=True)
     for i in range(lanes):
         engine.submit(prompt_ids(engine.tokenizer, prompt, 20 + i), params)
-    for _ in range(lanes + 16):  # prompts read, a few warm decode steps
+    for _ in range(lanes + min(16, steps)):  # prompts read, a few warm decode steps
         engine.step()
     ops = engine._model.ops
     runner = engine._runner
     out = {}
-    for arm in ARMS * 2:
+    for arm in ARMS * passes:
         engine._model.ops = None if arm == "torch" else ops
         if arm == "fused, SDPA reads":  # the fused ops, but decode attention through torch's SDPA reads
             runner._decode_kernel = lambda: None
@@ -78,14 +78,14 @@ def main() -> None:
     p.add_argument("--lanes", type=int, nargs="+", default=[1, 8])
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--threads", type=int, default=2)
-    add_quick_and_out(p, "2 lanes at ~80 cells, 3 steps per arm")
+    add_quick_and_out(p, "1 lane at ~80 cells, 2 steps per arm, one pass")
     args = p.parse_args()
-    args.prompt = 512
+    args.prompt, args.passes = 512, 2
     if args.quick:
-        args.lanes, args.steps, args.prompt = [2], 3, 64
+        args.lanes, args.steps, args.prompt, args.passes = [1], 2, 32, 1
     results = {}
     for lanes in args.lanes:
-        res = results[lanes] = run(lanes, args.steps, args.threads, args.prompt)
+        res = results[lanes] = run(lanes, args.steps, args.threads, args.prompt, args.passes)
         top = sorted({op for arm in ARMS for op in sorted(res[arm]["ops"], key=res[arm]["ops"].get)[-TOP:]},
                      key=lambda k: -max(res[arm]["ops"].get(k, 0) for arm in ARMS))
         rows = [[op] + [res[arm]["ops"].get(op, 0.0) for arm in ARMS] for op in top]

@@ -98,6 +98,15 @@ class RunningServer:
                 raise AssertionError(f"/metrics never satisfied the check; last: {pool_view(m)}")
             time.sleep(0.05)
 
+    def wait_submitted(self, n: int, timeout: float = 60.0) -> None:
+        """Until the HTTP side has submitted `n` requests to the engine loop that have not ended
+        (the loop's own count, which its queue check reads: a test may look in)."""
+        loop = self.server.config.app.state.strata.loop
+        deadline = time.monotonic() + timeout
+        while loop._num_active < n:
+            assert time.monotonic() < deadline, f"{loop._num_active} of {n} requests submitted"
+            time.sleep(0.01)
+
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(30)
