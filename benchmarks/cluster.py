@@ -64,10 +64,14 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=RESULTS_DIR, help="directory for cluster.json and cluster.png")
     ap.add_argument("--quick", action="store_true",
-                    help="smoke run: 1 round, shared workload, 6 conversations x 3 turns, 3 clients, 12 tokens")
+                    help="smoke run: round robin and strata's router, 1 round, shared workload, 4 conversations x 2 "
+                         "turns, 2 clients, 4 tokens, small pools (Ray's prefix router: full runs)")
     a = ap.parse_args()
     if a.quick:
-        a.rounds, a.conversations, a.turns, a.new, a.clients = 1, 6, 3, 12, 3
+        a.rounds, a.conversations, a.turns, a.new, a.clients = 1, 4, 2, 4, 2
+        a.system_words, a.user_words, a.pool, a.max_context = 40, 8, 1024, 512
+        if a.arms == ",".join(ARMS):
+            a.arms = "round_robin,strata"
     a.workloads = a.workloads or ("shared" if a.quick else ",".join(WORKLOADS))
     a.arm_list = [x.strip() for x in a.arms.split(",") if x.strip()]
     a.workload_list = [x.strip() for x in a.workloads.split(",") if x.strip()]
@@ -112,7 +116,7 @@ def main() -> int:
         a.arm_list.remove("ray_prefix")
         notes.append(note)
         print(note)
-    quiet = wait_for_quiet(5 if a.quick else 60)
+    quiet = wait_for_quiet(0 if a.quick else 60)
     t0 = time.perf_counter()
     cluster = Cluster(a.port, num_cpus=2 * a.replicas + 2)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # Ray's driver logging shows every request

@@ -50,7 +50,7 @@ def wait_for_quiet(max_wait_s: float, busy_percent: float = 25.0) -> dict:
     import psutil
 
     t = time.perf_counter()
-    busy = psutil.cpu_percent(interval=2)
+    busy = psutil.cpu_percent(interval=2 if max_wait_s > 0 else 0.5)
     while busy > busy_percent and time.perf_counter() - t < max_wait_s:
         busy = psutil.cpu_percent(interval=5)
     return {"cpu_busy_percent": busy, "loadavg_1m": os.getloadavg()[0],
@@ -105,9 +105,16 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def write_json(name: str, payload: dict) -> str:
-    os.makedirs(RESULTS_DIR, exist_ok=True)
-    path = os.path.join(RESULTS_DIR, name)
+def add_quick_and_out(p, quick: str) -> None:
+    """Every benchmark's `--quick` (a few seconds of real work on a small configuration, so the
+    script stays runnable: tests/bench/test_quick.py runs each) and `--out DIR`."""
+    p.add_argument("--quick", action="store_true", help=f"smoke run: {quick}")
+    p.add_argument("--out", default=RESULTS_DIR, help=f"directory for the JSON and PNG (default {RESULTS_DIR})")
+
+
+def write_json(name: str, payload: dict, out: str = RESULTS_DIR) -> str:
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, name)
     with open(path, "w") as f:
         json.dump(payload, f, indent=2)
     return path

@@ -15,7 +15,10 @@ auto` with `--kv-pool-tokens` (the shared pool, sized as the 8 lanes' reservatio
 dense bf16; llama.cpp reads the file as it is.
 
     python benchmarks/decode.py [--model PATH] [--label TEXT] [--rounds 3] [--new 128] [--threads 2]
-                                [--strata auto,native,dense,pool] [--peers transformers,llama.cpp]
+                                [--strata auto,native,dense,pool] [--peers transformers,llama.cpp] [--quick]
+
+`--quick` runs strata's `--weights auto` arm alone (no peer: transformers and llama.cpp are
+measured in full runs only, and the output says so) on a 32-token prompt, 4 new tokens, one round.
 
 llama.cpp runs when `llama_cpp` (llama-cpp-python, the optional `llamacpp` extra) is
 importable (benchmarks/decode_parts/llamacpp.py). Peak RSS is each process's whole peak;
@@ -33,7 +36,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import interleaved, medians, peak_rss_mib, print_table, rss_mib, run_arm, write_json
+from benchmarks.common import add_quick_and_out, interleaved, medians, peak_rss_mib, print_table, rss_mib, run_arm, write_json
 from benchmarks.decode_parts import llamacpp
 from benchmarks.decode_parts.plot import plot
 
@@ -65,7 +68,7 @@ def all_prompts(model: str, n: int) -> dict:
     from strata.loader import open_model
 
     tok = open_model(model).tokenizer
-    return {"warmup": prompt_ids(tok, 64, 99), "prefill": [prompt_ids(tok, n, v) for v in range(3)],
+    return {"warmup": prompt_ids(tok, min(64, n), 99), "prefill": [prompt_ids(tok, n, v) for v in range(3)],
             "one": prompt_ids(tok, n, 10), "eight": [prompt_ids(tok, n, 20 + i) for i in range(LANES)]}
 
 
@@ -208,6 +211,7 @@ def main() -> None:
     p.add_argument("--strata", default="auto,native,dense,pool",
                    help="strata rows: auto, native, dense (--weights) and pool (--kv-pool-tokens)")
     p.add_argument("--peers", default=",".join(PEERS), help="peer rows: transformers, llama.cpp")
+    add_quick_and_out(p, "strata's auto arm only (no peers), 32-token prompt, 4 new tokens, 1 round")
     p.set_defaults(weights="auto", kv_pool_tokens=None)  # the strata arm's; its variants replace them
     args = p.parse_args()
     if args.arm:
@@ -216,9 +220,12 @@ def main() -> None:
     from strata.loader.default import default_model_path
 
     args.model = os.path.abspath(args.model or default_model_path())
+    if args.quick:
+        args.prompt, args.new, args.rounds, args.strata, args.peers = 32, 4, 1, "auto", ""
+        print("--quick: strata's arm only; the peers (transformers, llama.cpp) were not run")
     label = args.label or os.path.splitext(os.path.basename(args.model))[0]
     chosen = [x.strip() for x in args.strata.split(",") if x.strip()]
-    if set(chosen) - set(STRATA_ARMS):
+    if not chosen or set(chosen) - set(STRATA_ARMS):
         p.error(f"--strata: choose from {', '.join(STRATA_ARMS)} (got {args.strata!r})")
     peers = [x.strip() for x in args.peers.split(",") if x.strip()]
     if set(peers) - set(PEERS):
@@ -231,7 +238,7 @@ def main() -> None:
         except ImportError:
             print("llama.cpp: llama-cpp-python is not installed; its arm is left out", file=sys.stderr)
             arms.remove("llama.cpp")
-    prompts_file = write_json("decode-prompts.json", all_prompts(args.model, args.prompt))
+    prompts_file = write_json("decode-prompts.json", all_prompts(args.model, args.prompt), args.out)
     passthrough = ["--model", args.model, "--prompts", prompts_file, "--prompt", str(args.prompt),
                    "--new", str(args.new), "--threads", str(args.threads)]
     load_before = os.getloadavg()
@@ -256,12 +263,8 @@ def main() -> None:
     )
     stem = "decode" if args.model == os.path.abspath(default_model_path()) else f"decode-{label}"
     path = write_json(f"{stem}.json", {"args": vars(args), "label": label, "raw": raw, "median": med,
-                                       "table": table, "loadavg": [load_before, os.getloadavg()]})
-    try:
-        plot(med, names, os.path.splitext(path)[0] + ".png")
-    except ImportError as exc:  # matplotlib is the `bench` extra
-        print(f"raw numbers: {path} (no plot: {exc}; `pip install -e '.[bench]'` draws it)")
-        return
+                                       "table": table, "loadavg": [load_before, os.getloadavg()]}, args.out)
+    plot(med, names, os.path.splitext(path)[0] + ".png")
     print(f"raw numbers: {path} (plot: {os.path.basename(os.path.splitext(path)[0])}.png next to it)")
 
 

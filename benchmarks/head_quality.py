@@ -1,6 +1,6 @@
 """The int8 LM head against the dense bf16 head on the default model: top-1 agreement.
 
-    python benchmarks/head_quality.py [--new 64] [--threads 2] [--limit N]
+    python benchmarks/head_quality.py [--new 64] [--threads 2] [--limit N] [--quick]
 
 `--weights auto` in bfloat16 reads the LM head as per-row int8 for decode steps of at
 most 4 rows (strata/models/head.py). This measures what that costs, on the prompts of
@@ -14,7 +14,8 @@ most 4 rows (strata/models/head.py). This measures what that costs, on the promp
   with the dense head (8 lanes at a time, so steps of more than 4 rows use the dense
   weight in both arms, as in serving): the share of identical continuations.
 
-Raw numbers: benchmarks/results/head_quality.json.
+Raw numbers: benchmarks/results/head_quality.json (or under --out). `--quick`: the first two
+chats, 8 new tokens, an engine of two lanes.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import print_table, write_json
+from benchmarks.common import add_quick_and_out, print_table, write_json
 from benchmarks.decode import prompt_ids
 from benchmarks.kv_quality import LONG_TOKENS, build_prompts
 
@@ -80,7 +81,10 @@ def main() -> None:
     p.add_argument("--new", type=int, default=64, help="greedy tokens per continuation")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     p.add_argument("--limit", type=int, default=None, help="only the first N prompts (a quick look)")
+    add_quick_and_out(p, "the first 2 prompts (chats), 8 new tokens, 2 lanes")
     args = p.parse_args()
+    if args.quick:
+        args.limit, args.new = 2, 8
     import torch
 
     from strata.config import EngineConfig
@@ -89,8 +93,8 @@ def main() -> None:
     from strata.testing import prompt_logits
 
     torch.set_num_threads(args.threads)
-    engine = Engine(EngineConfig(dtype="bfloat16", weights="auto", max_context=LONG_TOKENS + 256, batch=7,
-                                 threads=args.threads), progress=False)
+    engine = Engine(EngineConfig(dtype="bfloat16", weights="auto", max_context=512 if args.quick else LONG_TOKENS + 256,
+                                 batch=1 if args.quick else 7, threads=args.threads), progress=False)
     model = engine._model
     head = model.lm_head
     assert isinstance(head, Int8Head), type(head)
@@ -123,7 +127,7 @@ def main() -> None:
     )
     name = "head_quality.json" if args.limit is None else f"head_quality-first{args.limit}.json"
     path = write_json(name, {"args": vars(args), "per_position": s, "identical": same,
-                             "seconds": time.perf_counter() - t0, "table": text})
+                             "seconds": time.perf_counter() - t0, "table": text}, args.out)
     print(f"raw numbers: {path}")
 
 

@@ -24,7 +24,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import print_table, progress_bar, write_json
+from benchmarks.common import add_quick_and_out, print_table, progress_bar, write_json
 
 CHATS = [
     "Write a haiku about tides.",
@@ -131,7 +131,10 @@ def main() -> None:
     p.add_argument("--new", type=int, default=64, help="greedy tokens per continuation")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     p.add_argument("--limit", type=int, default=None, help="only the first N prompts (a quick look)")
+    add_quick_and_out(p, "the first 2 prompts (chats), 8 new tokens, engines of two lanes")
     args = p.parse_args()
+    if args.quick:
+        args.limit, args.new = 2, 8
     import torch
 
     from strata.config import EngineConfig
@@ -141,8 +144,9 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     arms = (args.ref, args.test)
-    engines = {kv: Engine(EngineConfig(dtype=args.dtype, kv=kv, max_context=LONG_TOKENS + 256, batch=7,
-                                       threads=args.threads), progress=False) for kv in arms}
+    engines = {kv: Engine(EngineConfig(dtype=args.dtype, kv=kv, max_context=512 if args.quick else LONG_TOKENS + 256,
+                                       batch=1 if args.quick else 7, threads=args.threads), progress=False)
+               for kv in arms}
     prompts = build_prompts(engines[args.ref].tokenizer)[: args.limit]
     t0 = time.perf_counter()
     rows = []
@@ -197,7 +201,7 @@ def main() -> None:
     name = "kv_quality.json" if arms == ("bf16", "int8") and args.limit is None else (
         f"kv_quality-{args.test}-vs-{args.ref}{'' if args.limit is None else f'-first{args.limit}'}.json")
     path = write_json(name, {"args": vars(args), "bytes_per_cell": bpc, "summary": table,
-                                          "prompts": rows, "seconds": time.perf_counter() - t0, "table": text})
+                             "prompts": rows, "seconds": time.perf_counter() - t0, "table": text}, args.out)
     print(f"bytes per cell: {bpc}\nraw numbers: {path}")
 
 

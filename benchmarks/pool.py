@@ -44,7 +44,7 @@ proposed with (seed thread #3351), both layouts side by side in one run:
     python benchmarks/pool.py [--quick] [--scale S] [--only move,memory,ttft,decode,prefix,prefix_ttft,kv_int8,runs]
 
 `--scale S` divides every length and size (contexts, chunk, pool) by S; `--quick` is
-`--scale 16` (unless given) with fewer repetitions and rounds. Before every arm the
+`--scale 64` (unless given) with fewer repetitions and rounds. Before every arm the
 script compares what the arm will commit with MemAvailable and, when it is short, runs
 that part at a larger scale and says so. Arms run one at a time, each in a fresh
 interpreter; the TTFT and decode arms hold both layouts' engines in one interpreter and
@@ -172,8 +172,8 @@ class Run:
         ax.set_title(f"lane move, {bpc / KIB:.1f} KiB/cell, chunk {p['chunk']} (synthetic K/V)")
         ax.legend()
         ax.grid(True, which="both", alpha=0.3)
-        path = os.path.join(RESULTS_DIR, "pool-move-quick.png" if self.args.quick else "pool-move.png")
-        os.makedirs(RESULTS_DIR, exist_ok=True)
+        path = os.path.join(self.args.out, "pool-move-quick.png" if self.args.quick else "pool-move.png")
+        os.makedirs(self.args.out, exist_ok=True)
         fig.savefig(path, dpi=120, bbox_inches="tight")
         self.payload["plot"] = path
         print(f"plot: {path}")
@@ -190,34 +190,35 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--arm", choices=sorted(ARMS))
     p.add_argument("--params", help="(children) the arm's parameters as JSON")
-    p.add_argument("--quick", action="store_true", help="scale 16 (unless --scale), fewer repetitions and rounds")
-    p.add_argument("--scale", type=int, help="divide every length and size by this (default 1; 16 with --quick)")
+    p.add_argument("--quick", action="store_true", help="scale 64 (unless --scale), fewer repetitions and rounds")
+    p.add_argument("--scale", type=int, help="divide every length and size by this (default 1; 64 with --quick)")
     p.add_argument("--only", default="move,memory,ttft,decode,prefix,prefix_ttft,kv_int8,runs",
                    help="parts to run (move includes idle memory)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
-    p.add_argument("--reps", type=int, help="moves per length per process (default 7; 3 with --quick)")
+    p.add_argument("--reps", type=int, help="moves per length per process (default 7; 1 with --quick)")
     p.add_argument("--rounds", type=int, help="move/memory processes per layout (default 3; 1 with --quick)")
-    p.add_argument("--ttft-rounds", type=int, help="cached follow-ups per layout (default 5; 2 with --quick)")
+    p.add_argument("--ttft-rounds", type=int, help="cached follow-ups per layout (default 5; 1 with --quick)")
     p.add_argument("--prefill-chunk", type=int, help="TTFT arm's --prefill-chunk (default: the whole context)")
-    p.add_argument("--decode-rounds", type=int, help="turns each decode lane takes (default 3; 2 with --quick)")
-    p.add_argument("--new", type=int, help="new tokens per lane in the decode arm (default 16; 8 with --quick)")
+    p.add_argument("--decode-rounds", type=int, help="turns each decode lane takes (default 3; 1 with --quick)")
+    p.add_argument("--new", type=int, help="new tokens per lane in the decode arm (default 16; 4 with --quick)")
     p.add_argument("--capacity-new", type=int, default=2, help="tokens each held conversation decodes in 2b")
     p.add_argument("--quiet-wait", type=float, help="seconds to wait before each arm for the CPUs to be "
-                   "mostly idle (default 180; 30 with --quick)")
+                   "mostly idle (default 180; 0 with --quick)")
     p.add_argument("--quiet-cpu", type=float, default=25.0, help="host CPU %% counted as mostly idle")
     p.add_argument("--timeout", type=float, default=3600, help="seconds one arm may run")
+    p.add_argument("--out", default=RESULTS_DIR, help=f"directory for the JSON and the PNG (default {RESULTS_DIR})")
     args = p.parse_args()
     if args.arm:
         print(json.dumps(ARMS[args.arm](json.loads(args.params))))
         return
     q = args.quick
-    args.scale = args.scale or (16 if q else 1)
-    args.reps = args.reps or (3 if q else 7)
+    args.scale = args.scale or (64 if q else 1)
+    args.reps = args.reps or (1 if q else 7)
     args.rounds = args.rounds or (1 if q else 3)
-    args.ttft_rounds = args.ttft_rounds or (2 if q else 5)
-    args.decode_rounds = args.decode_rounds or (2 if q else 3)
-    args.new = args.new or (8 if q else 16)
-    args.quiet_wait = args.quiet_wait if args.quiet_wait is not None else (30 if q else 180)
+    args.ttft_rounds = args.ttft_rounds or (1 if q else 5)
+    args.decode_rounds = args.decode_rounds or (1 if q else 3)
+    args.new = args.new or (4 if q else 16)
+    args.quiet_wait = args.quiet_wait if args.quiet_wait is not None else (0 if q else 180)
     parts = {x.strip() for x in args.only.split(",") if x.strip()}
     if parts - ALL_PARTS:
         p.error(f"--only: unknown part(s) {', '.join(sorted(parts - ALL_PARTS))}")
@@ -262,10 +263,13 @@ def main() -> None:
                  f"see machine_at_start / loadavg_1m_at_end in each raw result")
     run.payload["tables"] = run.tables
     run.payload["seconds"] = time.perf_counter() - t0
-    path = write_json(results_name(parts, q), run.payload)
+    path = write_json(results_name(parts, q), run.payload, args.out)
     if run.notes:
         print("\nnotes:\n" + "\n".join(f"- {n}" for n in run.notes))
     print(f"raw numbers: {path} ({run.payload['seconds']:.0f} s)")
+    failed = [n for n in run.notes if n.startswith("arm ") and " failed: " in n]
+    if failed:  # what failed is in the notes above; the run's exit says so too
+        sys.exit(f"{len(failed)} arm(s) failed")
 
 
 if __name__ == "__main__":

@@ -1,12 +1,13 @@
 """Where a 512-token prefill's time goes, op by op: strata against transformers, same weights.
 
-    python benchmarks/prefill_profile.py [--prompt 512] [--rounds 3] [--threads 2]
+    python benchmarks/prefill_profile.py [--prompt 512] [--rounds 3] [--threads 2] [--quick]
 
 strata (bf16, `--weights auto`: prompts read the dense weights) reads the whole prompt in
 one step (`--prefill-chunk` = the prompt); transformers (dense bf16, the same GGUF
 dequantised) runs one forward over it. Each arm is profiled over `--rounds` fresh prompts
 under `torch.profiler` (CPU), alternating; the table lists ms per prompt for the heaviest
-ops by self CPU time and the wall time; the JSON has every op.
+ops by self CPU time and the wall time; the JSON (benchmarks/results/prefill_profile.json, or
+under --out) has every op. `--quick`: a 32-token prompt, one round, one pass.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import print_table, write_json
+from benchmarks.common import add_quick_and_out, print_table, write_json
 from benchmarks.decode import prompt_ids
 
 TOP = 10
@@ -41,7 +42,10 @@ def main() -> None:
     p.add_argument("--prompt", type=int, default=512)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
+    add_quick_and_out(p, "a 32-token prompt, 1 round, one pass")
     args = p.parse_args()
+    if args.quick:
+        args.prompt, args.rounds = 32, 1
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -70,7 +74,7 @@ def main() -> None:
 
     strata_prompt(99), hf_prompt(99)  # warm
     res = {}
-    for arm, fn in (("strata", strata_prompt), ("transformers", hf_prompt)) * 2:
+    for arm, fn in (("strata", strata_prompt), ("transformers", hf_prompt)) * (1 if args.quick else 2):
         wall, ops = profiled(fn, args.rounds)
         if arm not in res or wall < res[arm]["ms"]:
             res[arm] = {"ms": wall, "ops": ops}
@@ -82,7 +86,7 @@ def main() -> None:
     print_table(f"{args.prompt}-token prefill, bf16, {args.threads} threads: self CPU ms per prompt "
                 f"(strata / transformers speed = {res['transformers']['ms'] / res['strata']['ms']:.2f})",
                 ["op", *res], rows)
-    print(f"raw numbers: {write_json('prefill_profile.json', {'args': vars(args), 'results': res})}")
+    print(f"raw numbers: {write_json('prefill_profile.json', {'args': vars(args), 'results': res}, args.out)}")
 
 
 if __name__ == "__main__":

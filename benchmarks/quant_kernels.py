@@ -18,7 +18,7 @@ a layer's the sum of its projections', and the table reports the median of `--ro
 layer times in microseconds and each arm's ratio to dense bfloat16.
 
     python benchmarks/quant_kernels.py [--threads 2] [--rounds 5] [--isa auto|avx2|avx512_vnni] [--head]
-                                       [--clock cpu]
+                                       [--clock cpu] [--quick] [--out DIR]
 
 `--clock cpu` times one thread's CPU time (time.thread_time; it implies --threads 1): on a
 shared machine, wall time also counts the slices other processes take from the threads.
@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import print_table, write_json
+from benchmarks.common import add_quick_and_out, print_table, write_json
 
 HEAD = (49152, 576)
 
@@ -123,7 +123,10 @@ def main() -> None:
                    help="hidden,kv,ffn of the layer (default: the default model's; K-quants need multiples of 256)")
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                    help="wall time, or this thread's CPU time (implies --threads 1)")
+    add_quick_and_out(p, "one round of 2 calls per projection")
     args = p.parse_args()
+    if args.quick:
+        args.rounds, args.reps = 1, 2
     if args.clock == "cpu":
         args.threads = 1
     clock = time.thread_time if args.clock == "cpu" else time.perf_counter
@@ -152,9 +155,33 @@ def main() -> None:
         f"{'LM head of the default model' if args.head else f'one layer {shapes}'}, microseconds (median of {args.rounds}); "
         f"{args.threads} threads, {args.clock} clock, quantized kernels: {isa}; {cpu_name()}",
         ["arm"] + [f"{r} rows us" for r in ROWS] + ["x dense bf16 @1", "x dense bf16 @8"], rows_out)
-    path = write_json("quant_kernels_head.json" if args.head else f"quant_kernels-{args.layer.replace(',', '-')}.json",
-                      {"args": vars(args), "isa": isa, "cpu": cpu_name(), "median_us": med, "table": table})
-    print(f"raw numbers: {path}")
+    stem = "quant_kernels_head" if args.head else f"quant_kernels-{args.layer.replace(',', '-')}"
+    path = write_json(f"{stem}.json", {"args": vars(args), "isa": isa, "cpu": cpu_name(), "median_us": med,
+                                       "table": table}, args.out)
+    plot(med, os.path.join(args.out, f"{stem}.png"), f"{'LM head' if args.head else 'one layer'}: {isa}, {cpu_name()}")
+    print(f"raw numbers: {path} (plot: {stem}.png next to it)")
+
+
+def plot(med: dict[str, dict[int, float]], path: str, title: str) -> None:
+    """Each arm's speed relative to dense bfloat16 at each row count (higher is faster)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    base = med["dense bf16"]
+    for arm, per in med.items():
+        ax.plot(ROWS, [base[r] / per[r] for r in ROWS], marker="o", label=arm)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ROWS, [str(r) for r in ROWS])
+    ax.set_xlabel("rows in the step")
+    ax.set_ylabel("speed / dense bf16")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def cpu_name() -> str:

@@ -70,10 +70,13 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--device", default="cpu", help="cpu or cuda (every layer on it; the pool in host memory)")
     ap.add_argument("--noise", type=float, default=0.02, help="band within which a tok/s ratio is a tie")
     ap.add_argument("--out", default=RESULTS_DIR, help="directory for ring.json and ring.png")
-    ap.add_argument("--quick", action="store_true", help="smoke run: 4 tokens, 1 round")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run: 4 tokens, 1 round, scale 32 (unless --scale), pages of 64, no page sweep")
     a = ap.parse_args()
     if a.quick:
-        a.new, a.rounds = 4, 1
+        a.new, a.rounds, a.pages = 4, 1, ""
+        a.scale = 32 if a.scale == 8 else a.scale
+        a.page = a.page or 64  # whole pages of the scaled default ring and cap
     return a
 
 
@@ -106,7 +109,7 @@ def main() -> int:
     if g.tiers["deep"] + growth > TRAINED_LENGTH:
         print(f"WARNING: contexts up to {g.tiers['deep'] + growth} cells are beyond the model's trained length "
               f"{TRAINED_LENGTH}: SYNTHETIC K/V, speed only, the text is meaningless")
-    quiet = wait_for_quiet(5 if a.quick else 60)
+    quiet = wait_for_quiet(0 if a.quick else 60)
     header = (f"{a.new} new tokens per round, {a.rounds} round(s), arms interleaved step by step; device {a.device}, "
               f"{a.threads} thread(s); absolute times on a shared machine are noise, ratios count")
     payload = {"geometry": {"scale": g.scale, "tiers": g.tiers, "default_ring": g.default_ring, "cap": g.cap,

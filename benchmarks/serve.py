@@ -62,7 +62,10 @@ def requests_at(c: int, args) -> int:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="one request per client (a smoke run)")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: strata alone (the peers run in full runs only), 1 and 2 clients, one "
+                        "request each, 64-token prompts, 8 new tokens")
+    p.add_argument("--out", default=RESULTS_DIR, help=f"directory for serve.json and serve.png (default {RESULTS_DIR})")
     p.add_argument("--concurrency", default="1,4,8", help="comma-separated client counts")
     p.add_argument("--requests", type=int, default=None,
                    help="requests per level and round (default max(12, 3 x clients); --quick: one per client)")
@@ -84,17 +87,21 @@ def main() -> None:
     p.add_argument("--no-vllm", action="store_true", help="leave the vLLM arm out")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quiet-wait", type=float, default=None,
-                   help="seconds to wait before each run for the CPUs to be mostly idle (default 300; --quick 30)")
+                   help="seconds to wait before each run for the CPUs to be mostly idle (default 300; --quick 0)")
     p.add_argument("--quiet-cpu", type=float, default=25.0, help="host CPU %% counted as mostly idle")
     p.add_argument("--others-max", type=float, default=10.0,
                    help="a run during which other work used more than this %% of the CPUs is run again")
-    p.add_argument("--max-redo", type=int, default=None, help="runs again at most (default 3; --quick 1)")
+    p.add_argument("--max-redo", type=int, default=None, help="runs again at most (default 3; --quick 0)")
     args = p.parse_args()
+    if args.quick:
+        args.concurrency, args.prompt, args.new, args.lanes, args.ctx_per_lane = "1,2", 64, 8, 2, 256
+        args.no_llama = args.no_vllm = True
+        args.quiet_wait = 0.0 if args.quiet_wait is None else args.quiet_wait
     levels = [int(c) for c in args.concurrency.split(",")]
     if args.rounds is None:
         args.rounds = 1 if args.quick else 2
     if args.max_redo is None:
-        args.max_redo = 1 if args.quick else 3
+        args.max_redo = 0 if args.quick else 3
     if args.quiet_wait is None:
         args.quiet_wait = 30 if args.quick else 300
     if max(levels) > args.lanes:
@@ -106,6 +113,8 @@ def main() -> None:
     model = default_model_path()
     tokenizer = open_model(model).tokenizer
     arms, notes = choose_arms(args)
+    if args.quick:
+        notes.insert(0, "--quick: strata's arm only; llama.cpp and vLLM are measured in full runs")
     for n in notes:
         print(n, file=sys.stderr)
 
@@ -191,8 +200,8 @@ def main() -> None:
         "raw": {a: {c: [_run_json(run) for run in runs] for c, runs in per.items()} for a, per in raw.items()},
         "discarded": discarded,
     }
-    path = write_json(f"serve{suffix}.json", payload)
-    png = os.path.join(RESULTS_DIR, f"serve{suffix}.png")
+    path = write_json(f"serve{suffix}.json", payload, args.out)
+    png = os.path.join(args.out, f"serve{suffix}.png")
     try:
         plot(summary, arms, levels, png, title.replace("; strata", ";\nstrata", 1))
         print(f"raw numbers: {path}\nplot: {png}")

@@ -24,7 +24,8 @@ in the table, next to the session's size.
 
     python benchmarks/session.py [--lengths 1024,4096,...] [--rounds 3] [--threads 1] [--prefill-max 4096]
 
-Writes benchmarks/results/session.json and session.png.
+Writes benchmarks/results/session.json and session.png (or under --out). `--quick`: 256 and
+1024 cells in chunks of 256, one round.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import RESULTS_DIR, print_table, wait_for_quiet, write_json  # noqa: E402
+from benchmarks.common import add_quick_and_out, print_table, wait_for_quiet, write_json  # noqa: E402
 from benchmarks.serve_parts.servers import find_llama_server  # noqa: E402
 from benchmarks.session_parts.arms import SessionArms  # noqa: E402
 from benchmarks.session_parts.plot import plot  # noqa: E402
@@ -53,10 +54,13 @@ def main() -> int:
     ap.add_argument("--chunk", type=int, default=4096)
     ap.add_argument("--prefill-max", type=int, default=4096, help="longest real prefill measured")
     ap.add_argument("--dir", default=None, help="where the session files go (default: a temporary directory)")
+    add_quick_and_out(ap, "256 and 1024 cells in chunks of 256, 1 round")
     args = ap.parse_args()
+    if args.quick:
+        args.lengths, args.rounds, args.chunk, args.prefill_max = "256,1024", 1, 256, 1024
     lengths = [int(x) for x in args.lengths.split(",")]
     llama = find_llama_server()
-    quiet = wait_for_quiet(60)
+    quiet = wait_for_quiet(0 if args.quick else 60)
     with tempfile.TemporaryDirectory(dir=args.dir) as work:
         arms = SessionArms(max(lengths), args.chunk, args.threads, work)
         rows = {n: {"save": [], "restore_cold": [], "restore_warm": [], "prefill": []} for n in lengths}
@@ -89,8 +93,8 @@ def main() -> int:
     print(note)
     path = write_json("session.json", {"args": vars(args), "host": quiet, "table": text, "note": note,
                                        "rounds": {str(n): rows[n] for n in lengths},
-                                       "medians": {str(n): summary[n] for n in lengths}})
-    png = os.path.join(RESULTS_DIR, "session.png")
+                                       "medians": {str(n): summary[n] for n in lengths}}, args.out)
+    png = os.path.join(args.out, "session.png")
     plot(summary, lengths, png)
     print(f"wrote {path} and {png}")
     return 0

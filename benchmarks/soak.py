@@ -21,7 +21,8 @@ path must have fired; --until-paths keeps the load on past M minutes until they 
     python benchmarks/soak.py [--clients 12] [--minutes 5] [--seed 0] [--pool-tokens 768]
 
 Prints a table, writes benchmarks/results/soak.json (or --out) and soak.png (matplotlib,
-optional); exits 1 when any check fails.
+optional); exits 1 when any check fails. `--quick`: 3 clients for 10 s, RSS and the pool-full
+paths not judged (a smoke run of the script; tests/server/test_soak.py is the real minute).
 """
 
 from __future__ import annotations
@@ -85,7 +86,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="keep the load on up to this many seconds past --minutes until every path fired")
     p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/soak.json)")
     p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: 3 clients for 10 s; the checks that need minutes (RSS flat, every "
+                        "pool-full path fired) are not judged")
     args = p.parse_args(argv)
+    if args.quick:
+        args.clients, args.big_clients, args.minutes, args.require_paths = 3, 1, 10 / 60, False
+        args.rss_tol, args.rss_tol_mib, args.until_paths = 1e6, 1e6, 0.0
     lanes = args.batch + 1
     if args.big_clients is None:
         args.big_clients = max(1, args.clients // 3)

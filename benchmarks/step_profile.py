@@ -1,6 +1,6 @@
 """Where one decode step's time goes, op by op: the fused CPU ops against torch ops.
 
-    python benchmarks/step_profile.py [--lanes 1 8] [--steps 20] [--threads 2]
+    python benchmarks/step_profile.py [--lanes 1 8] [--steps 20] [--threads 2] [--quick]
 
 The default model in bf16 (`--weights auto`), each lane at ~560 cells of context (a
 512-token prompt, then decoding), as in `../shared/notes/decode-step-profile.md`. For each
@@ -8,7 +8,8 @@ lane count, one engine profiles `--steps` engine steps under `torch.profiler` wi
 fused decode ops (strata/csrc), with the fused ops but decode attention through torch's
 SDPA reads (arm "fused, SDPA reads": what the fused attention kernel adds), and with them
 off (`STRATA_FUSED=0` semantics: the model's torch ops), interleaved. The table lists, per arm, ms per step for the heaviest ops by
-self CPU time; the JSON has every op; the PNG stacks each arm's step by op.
+self CPU time; the JSON has every op; the PNG stacks each arm's step by op (both in
+benchmarks/results, or under --out). `--quick`: 1 lane at ~80 cells, 2 steps per arm, one pass.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import RESULTS_DIR, print_table, write_json
+from benchmarks.common import add_quick_and_out, print_table, write_json
 from benchmarks.decode import prompt_ids
 
 TOP = 8
@@ -40,7 +41,7 @@ def profile_steps(engine, steps: int) -> tuple[float, dict[str, float]]:
     return wall, ops
 
 
-def run(lanes: int, steps: int, threads: int) -> dict:
+def run(lanes: int, steps: int, threads: int, prompt: int = 512, passes: int = 2) -> dict:
     import torch
 
     from strata.config import EngineConfig
@@ -48,18 +49,18 @@ def run(lanes: int, steps: int, threads: int) -> dict:
     from strata.sampling import SamplingParams
 
     torch.set_num_threads(threads)
-    engine = Engine(EngineConfig(dtype="bfloat16", weights="auto", max_context=1024, kv_chunk=128,
-                                 batch=lanes - 1, prefill_chunk=512, threads=threads, spec="off"),
+    engine = Engine(EngineConfig(dtype="bfloat16", weights="auto", max_context=prompt + 4 * steps + 128, kv_chunk=128,
+                                 batch=lanes - 1, prefill_chunk=prompt, threads=threads, spec="off"),
                     progress=False)  # spec off: every profiled step decodes one token per lane
     params = SamplingParams(temperature=0, max_tokens=4 * steps + 64, ignore_eos=True)
     for i in range(lanes):
-        engine.submit(prompt_ids(engine.tokenizer, 512, 20 + i), params)
-    for _ in range(lanes + 16):  # prompts read, a few warm decode steps
+        engine.submit(prompt_ids(engine.tokenizer, prompt, 20 + i), params)
+    for _ in range(lanes + min(16, steps)):  # prompts read, a few warm decode steps
         engine.step()
     ops = engine._model.ops
     runner = engine._runner
     out = {}
-    for arm in ARMS * 2:
+    for arm in ARMS * passes:
         engine._model.ops = None if arm == "torch" else ops
         if arm == "fused, SDPA reads":  # the fused ops, but decode attention through torch's SDPA reads
             runner._decode_kernel = lambda: None
@@ -77,22 +78,26 @@ def main() -> None:
     p.add_argument("--lanes", type=int, nargs="+", default=[1, 8])
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--threads", type=int, default=2)
+    add_quick_and_out(p, "1 lane at ~80 cells, 2 steps per arm, one pass")
     args = p.parse_args()
+    args.prompt, args.passes = 512, 2
+    if args.quick:
+        args.lanes, args.steps, args.prompt, args.passes = [1], 2, 32, 1
     results = {}
     for lanes in args.lanes:
-        res = results[lanes] = run(lanes, args.steps, args.threads)
+        res = results[lanes] = run(lanes, args.steps, args.threads, args.prompt, args.passes)
         top = sorted({op for arm in ARMS for op in sorted(res[arm]["ops"], key=res[arm]["ops"].get)[-TOP:]},
                      key=lambda k: -max(res[arm]["ops"].get(k, 0) for arm in ARMS))
         rows = [[op] + [res[arm]["ops"].get(op, 0.0) for arm in ARMS] for op in top]
         rows.append(["step (wall)"] + [res[arm]["ms_per_step"] for arm in ARMS])
         rows.append(["tok/s"] + [lanes * 1e3 / res[arm]["ms_per_step"] for arm in ARMS])
-        print_table(f"decode step, {lanes} lane(s) at ~560 cells, bf16, {args.threads} threads: self CPU ms per "
+        print_table(f"decode step, {lanes} lane(s) at ~{args.prompt + 48} cells, bf16, {args.threads} threads: self CPU ms per "
                     f"step (fused / torch = {res['torch']['ms_per_step'] / res['fused']['ms_per_step']:.2f}x faster; "
                     f"fused attention / SDPA reads = "
                     f"{res['fused, SDPA reads']['ms_per_step'] / res['fused']['ms_per_step']:.2f}x)",
                     ["op", *ARMS], rows)
-    path = write_json("step_profile.json", {"args": vars(args), "results": results})
-    plot(results, os.path.join(RESULTS_DIR, "step_profile.png"))
+    path = write_json("step_profile.json", {"args": vars(args), "results": results}, args.out)
+    plot(results, os.path.join(args.out, "step_profile.png"))
     print(f"raw numbers: {path}")
 
 

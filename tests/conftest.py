@@ -164,15 +164,48 @@ def tiny_llama_dir(tmp_path_factory, smol_tokenizer) -> str:
     return make_tiny_model("llama", str(tmp_path_factory.mktemp("tiny-llama")), smol_tokenizer)
 
 
+def cpu_runs_fused_ops() -> bool:
+    """The fused CPU decode ops need AVX2 (strata/models/fused.py); torch says what this CPU has."""
+    return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+
+
+# The decode paths the model can run here: torch's ops on every CPU, the fused CPU ops
+# (strata/csrc) where the CPU has AVX2. Tests parametrized over them check each path against
+# the same reference, so a CPU without AVX2 still checks the path it runs, and an AVX2 CPU
+# (every CI machine) checks both in one run. (`STRATA_FUSED=0 make test` runs the rest of
+# the suite on torch's ops too.)
+DECODE_PATHS = ("fused", "torch") if cpu_runs_fused_ops() else ("torch",)
+# Tests of the fused kernels alone (no torch twin): parametrized over this, so a CPU without
+# AVX2 lists them as not applicable (an empty parameter set) instead of failing or hiding them.
+FUSED_ONLY = tuple(p for p in DECODE_PATHS if p == "fused")
+
+
+def pytest_report_header(config) -> str:
+    return f"strata decode paths: {', '.join(DECODE_PATHS)} (CPU capability {torch.backends.cpu.get_cpu_capability()})"
+
+
 @pytest.fixture(scope="session")
 def decode_ops():
-    """The fused CPU decode ops (strata/csrc, built by `make venv`): required under CI on a
-    CPU with AVX2; elsewhere a test that needs them skips."""
+    """The fused CPU decode ops (strata/csrc, built by `make venv`), whatever STRATA_FUSED says:
+    asked for only where this CPU has AVX2 (DECODE_PATHS), and required there (CI fails)."""
     from strata.models.fused import load_decode_ops
 
-    ops = load_decode_ops()
+    assert cpu_runs_fused_ops(), "only the fused path of DECODE_PATHS asks for the fused ops"
+    ops = load_decode_ops(enabled=True)
     if ops is None:
-        if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
-            pytest.skip("this CPU has no AVX2: strata runs torch ops instead of its fused decode ops")
         missing("strata's fused decode ops (strata/_decode_ops)", "make venv  (pip install --no-build-isolation -e .)")
     return ops
+
+
+@pytest.fixture(params=DECODE_PATHS)
+def decode_path(request) -> str:
+    """One of DECODE_PATHS: "fused" (the fused ops, required) or "torch"."""
+    if request.param == "fused":
+        request.getfixturevalue("decode_ops")
+    return request.param
+
+
+@pytest.fixture
+def path_ops(decode_path, request):
+    """What a model layer is given as `ops` on `decode_path`: the fused module, or None (torch's ops)."""
+    return request.getfixturevalue("decode_ops") if decode_path == "fused" else None

@@ -19,7 +19,9 @@ def plot(median: dict[str, dict[str, float]], labels: dict[str, str], path: str)
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    peer = "llama.cpp" if "llama.cpp" in median else "transformers"
+    # The peer the ratios are to: llama.cpp where it ran, else transformers; a --quick run has
+    # neither (strata's arms only) and shows its arms relative to its first.
+    peer = next((p for p in ("llama.cpp", "transformers") if p in median), next(iter(median)))
     arms = list(median)
     fig, ax = plt.subplots(figsize=(9, 4.5))
     width = 0.8 / len(arms)

@@ -37,9 +37,26 @@ SHARERS = (1, 4, 16)
 CHUNKS = (4096, 1024, 256)
 
 
+def scan_longest_prefix(convs, token_ids: list[int]):
+    """The pre-index algorithm: every conversation compared with the prompt, token by token
+    (ties: idle over active, then the most recently used). tests/checks.py holds the same scan
+    as the reference the index is tested against."""
+    from strata.engine.prefix_index import common_prefix_len
+
+    best, best_len = None, 0
+    for conv in convs:
+        n = common_prefix_len(conv.token_ids, token_ids)
+        if n == 0:
+            continue
+        key = (n, not conv.is_active, conv.last_used)
+        if best is None or key > (best_len, not best.is_active, best.last_used):
+            best, best_len = conv, n
+    return best, best_len
+
+
 def _caches():
     """The "before" cache (the pre-index algorithm, verbatim) and a cache that never shares."""
-    from strata.engine.cache import ConversationCache, scan_longest_prefix
+    from strata.engine.cache import ConversationCache
 
     class _NoIndex:
         def add(self, conv): ...
@@ -48,6 +65,7 @@ def _caches():
         def cut(self, conv): ...
         def touched(self, conv): ...
         def check(self, convs): ...
+        def other_holder(self, conv, num_tokens, active): return None  # noqa: E704 - no index: no adoption
 
     class LinearScanCache(ConversationCache):
         """BEFORE: strata's ConversationCache.longest_prefix until this change: every held
@@ -205,8 +223,6 @@ def measure(run: Run) -> None:
 def _plot(run: Run, adm: dict) -> None:
     import os
 
-    from benchmarks.common import RESULTS_DIR
-
     try:
         import matplotlib
 
@@ -225,8 +241,8 @@ def _plot(run: Run, adm: dict) -> None:
     ax.set_title("prefix lookup at admission: linear scan vs radix tree")
     ax.legend(fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
-    path = os.path.join(RESULTS_DIR, "pool-prefix-quick.png" if run.args.quick else "pool-prefix.png")
-    os.makedirs(RESULTS_DIR, exist_ok=True)
+    path = os.path.join(run.args.out, "pool-prefix-quick.png" if run.args.quick else "pool-prefix.png")
+    os.makedirs(run.args.out, exist_ok=True)
     fig.savefig(path, dpi=120, bbox_inches="tight")
     run.payload.setdefault("prefix", {})["plot"] = path
     print(f"plot: {path}")

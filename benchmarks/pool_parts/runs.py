@@ -27,6 +27,7 @@ def arm_runs(p: dict) -> dict:
     from strata.models.attention import attend
     from strata.runner.inputs import build_inputs
     from strata.runner import reads
+    from strata.cells.dense import DenseCells
     from strata.runner.reads import ChunkCells
     from strata.step import LaneWork
 
@@ -37,8 +38,8 @@ def arm_runs(p: dict) -> dict:
     for chunk in p["chunks"]:
         need = -(-cells // chunk)
         num_chunks = 2 * need + 2
-        k = torch.randn(kv_heads, num_chunks * chunk, dim, generator=g).bfloat16()
-        v = torch.randn(kv_heads, num_chunks * chunk, dim, generator=g).bfloat16()
+        k = DenseCells(torch.randn(kv_heads, num_chunks * chunk, dim, generator=g).bfloat16())
+        v = DenseCells(torch.randn(kv_heads, num_chunks * chunk, dim, generator=g).bfloat16())
         q = torch.randn(1, heads, dim, generator=g).bfloat16()
         kn, vn = torch.randn(1, kv_heads, dim).bfloat16(), torch.randn(1, kv_heads, dim).bfloat16()
         for runs in p["runs"]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 
 from strata.cluster.app import POLICIES
@@ -53,8 +54,27 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         print("strata: error: strata cluster needs Ray Serve: pip install 'strata[cluster]'", file=sys.stderr)
         return 2
     ray.init(address=args.ray, include_dashboard=False, logging_level="WARNING")
-    serve.start(http_options={"host": settings.host, "port": settings.port})
-    print(f"strata: cluster of {spec.replicas} replicas serving {spec.model_id} at "
-          f"http://{settings.host}:{settings.port}/v1", file=sys.stderr)
-    serve.run(build_app(spec), name="strata", route_prefix="/", blocking=True)
+    # SIGTERM (a supervisor's stop) ends the run as Ctrl-C does, but with status 0: either way
+    # Serve and the Ray processes this command started are shut down, not left running.
+    previous = signal.signal(signal.SIGTERM, _stop)
+    try:
+        serve.start(http_options={"host": settings.host, "port": settings.port})
+        print(f"strata: cluster of {spec.replicas} replicas serving {spec.model_id} at "
+              f"http://{settings.host}:{settings.port}/v1", file=sys.stderr)
+        serve.run(build_app(spec), name="strata", route_prefix="/", blocking=True)
+    except Stopped:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        serve.shutdown()
+        ray.shutdown()
+    print("strata: cluster stopped", file=sys.stderr)
     return 0
+
+
+class Stopped(Exception):
+    """SIGTERM arrived."""
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise Stopped

@@ -33,6 +33,7 @@ class ForwardedRequest:
     holder: str | None = None
     holder_tokens: int = 0
     route: str = "any"  # why the router chose as it did: pin | prefix | free_cells | pow2 | any
+    report_seq: int | None = None  # set by the router: the number of the chosen replica's report it routed by
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,10 @@ request models and chat template as `strata serve`, so the keys are the ones the
 replica's engine will hold), their prefix keys, and the cells the turn adds. Anything it
 cannot read is forwarded as is: the replica's app answers it, errors included. Headers
 added to every answer: `x-strata-replica` (who served it), `x-strata-route` (why), and
-`x-strata-migrated-tokens` when the prompt's prefix came from another replica.
+`x-strata-migrated-tokens` when the prompt's prefix came from another replica, and
+`x-strata-router-seq`: the number of the serving replica's routing report the router routed
+by (its answers' `x-strata-report-seq` says how many it had made: a turn is in every report
+numbered two past that one's).
 
 A replica that dies ends only the requests it was serving: before the answer started,
 a 503 `replica_failed` with Retry-After (clients retry it); mid-stream, an SSE error
@@ -33,6 +36,7 @@ from strata.server.params import ModelInfo
 
 log = logging.getLogger("strata.cluster")
 PIN_HEADER = "x-strata-replica"
+ROUTER_SEQ_HEADER = b"x-strata-router-seq"
 METRICS_TIMEOUT_S = 10.0  # per replica, for the front door's /metrics
 PROMPT_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/messages")
 
@@ -118,9 +122,10 @@ class FrontDoor:
             self.metrics.migrations.inc()
             self.metrics.migrated.inc(start.migrated_tokens)
         headers = dict((k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in start.headers)
+        routed = [(ROUTER_SEQ_HEADER, str(req.report_seq).encode())] if req.report_seq is not None else []
         if headers.get("content-type", "").startswith("text/event-stream"):
             response = StreamingResponse(self._stream(gen, req.path), status_code=start.status)
-            response.raw_headers = [(k, v) for k, v in start.headers if k.lower() != b"content-length"]
+            response.raw_headers = [(k, v) for k, v in start.headers if k.lower() != b"content-length"] + routed
             return response
         try:
             content = b"".join([piece async for piece in gen])
@@ -128,7 +133,7 @@ class FrontDoor:
             log.warning("replica %s failed while answering %s: %s", start.replica, req.path, exc)
             return self._failed(req.path)
         response = Response(content, status_code=start.status)
-        response.raw_headers = start.headers
+        response.raw_headers = start.headers + routed
         return response
 
     async def _replica_ids(self) -> list[str]:

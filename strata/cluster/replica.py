@@ -29,6 +29,11 @@ log = logging.getLogger("strata.cluster")
 REPLICA_HEADER = b"x-strata-replica"
 MIGRATED_HEADER = b"x-strata-migrated-tokens"
 ROUTE_HEADER = b"x-strata-route"
+REPORT_HEADER = b"x-strata-report-seq"  # routing reports this replica had made when it answered
+# A holder that has not answered an export by then (stuck, stopped, or gone before the export
+# reached it: a request pinned to a replica that is no more waits for it) is passed over and
+# the turn computed here. An export is one session file of at most --max-context cells.
+EXPORT_TIMEOUT_S = 10.0
 
 
 @dataclass
@@ -73,6 +78,10 @@ class StrataReplica:
         self._held: set[int] = set()
         self._seq = 0
         self.num_migrations = 0
+        from prometheus_client import Gauge
+
+        self.migrating = Gauge("strata_migrations_in_progress", "prefixes this replica is pulling from their holders",
+                               registry=self.state.metrics.registry)  # on its /metrics, beside strata serve's
 
     # ---- requests -------------------------------------------------------------------------
     async def forward(self, req: ForwardedRequest) -> AsyncIterator[ResponseStart | bytes]:
@@ -81,7 +90,8 @@ class StrataReplica:
             migrated = await self._migrate(req)
         async for message in run_asgi(self.app, req, ("127.0.0.1", 0)):
             if message["type"] == "http.response.start":
-                extra = [(REPLICA_HEADER, self.replica_id.encode()), (ROUTE_HEADER, req.route.encode())]
+                extra = [(REPLICA_HEADER, self.replica_id.encode()), (ROUTE_HEADER, req.route.encode()),
+                         (REPORT_HEADER, str(self._seq).encode())]
                 if migrated:
                     extra.append((MIGRATED_HEADER, str(migrated).encode()))
                 yield ResponseStart(message["status"], list(message.get("headers", [])) + extra, self.replica_id,
@@ -106,14 +116,28 @@ class StrataReplica:
     async def _migrate(self, req: ForwardedRequest) -> int:
         """Pulls the holder's prefix of the prompt unless this replica holds as much; returns
         the cells restored (0: the request prefills here what it must)."""
-        from ray import serve
-
         if matched_tokens(req.prefix_keys, self.block, self._held) >= req.holder_tokens:
             return 0
+        with self.migrating.track_inprogress():
+            return await self._pull(req)
+
+    async def _pull(self, req: ForwardedRequest) -> int:
+        from ray import serve
+
         t0 = time.perf_counter()
         handle = serve.get_deployment_handle(*self._self_handle)
+        response = handle.export.remote(ExportRequest(req.prompt_ids, req.holder))
+
+        async def exported_prefix() -> Exported | None:
+            return await response
+
         try:
-            exported = await handle.export.remote(ExportRequest(req.prompt_ids, req.holder))
+            exported = await asyncio.wait_for(exported_prefix(), EXPORT_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            response.cancel()
+            log.warning("replica %s: %s did not export in %.0f s: recomputing", self.replica_id, req.holder,
+                        EXPORT_TIMEOUT_S)
+            return 0
         except Exception as exc:  # noqa: BLE001 - the holder died or left: recompute instead
             log.warning("replica %s: migration from %s failed (%s): recomputing", self.replica_id, req.holder, exc)
             return 0

@@ -154,11 +154,13 @@ class StrataRouter(RequestRouter):
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
         self._reserved.pop(pending_request.metadata.internal_request_id, None)  # now in Serve's count
         req = pending_request.args[0] if pending_request.args else None
+        replica = self.curr_replicas.get(replica_id)
+        if hasattr(req, "report_seq"):  # which report the routing saw (the front door's x-strata-router-seq)
+            req.report_seq = (replica.routing_stats or {}).get("seq") if replica is not None else None
         cells = getattr(req, "num_new_cells", 0) - (
             getattr(req, "holder_tokens", 0) if getattr(req, "holder", None) == replica_id.unique_id else 0)
         if cells <= 0:
             return
-        replica = self.curr_replicas.get(replica_id)
         seq = (replica.routing_stats or {}).get("seq") if replica is not None else None
         old_seq, sent = self._routed_cells.get(replica_id, (None, 0))
         self._routed_cells[replica_id] = (seq, (sent if old_seq == seq else 0) + cells)

@@ -42,6 +42,15 @@ class RMSNorm:
         return x, self(x)
 
 
+def silu_mul(gate_up: torch.Tensor, ops=None) -> torch.Tensor:
+    """silu(gate) * up of gate_up [rows, 2 * width] (gate | up) -> [rows, width]; `ops`: the
+    fused decode ops (vectorised, torch's rounding steps) or None: torch's ops."""
+    if ops is not None and gate_up.is_contiguous():
+        return ops.silu_mul(gate_up)
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
 class Embedding:
     """Token ids -> rows [T, hidden] in the compute dtype: a dense table, or the file's
     quantized one (native) of which each step dequantises only the rows it looks up."""

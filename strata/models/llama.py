@@ -18,7 +18,7 @@ from strata.models.attention import AttentionMeta, attend, attend_written
 from strata.models.config import ModelConfig
 from strata.models.fused import load_decode_ops
 from strata.models.head import make_head
-from strata.models.layers import Embedding, RMSNorm, Rotary, apply_rotary, rope_inv_freq
+from strata.models.layers import Embedding, RMSNorm, Rotary, apply_rotary, rope_inv_freq, silu_mul
 from strata.models.linear import fused_linear
 from strata.models.quant import QuantWeight
 
@@ -87,11 +87,7 @@ class DecoderLayer:
         else:
             a = attend(*self._rotated(qkv, cos, sin), k_cache, v_cache, meta)
         x, h = self.post_norm.add_and_norm(x, self.o(a), ops)
-        gate_up = self.gate_up(h)  # [tokens, 2 intermediate]
-        if ops is not None and gate_up.is_contiguous():  # vectorised; torch's rounding steps
-            return x + self.down(ops.silu_mul(gate_up))
-        gate, up = gate_up.chunk(2, dim=-1)
-        return x + self.down(F.silu(gate) * up)
+        return x + self.down(silu_mul(self.gate_up(h), ops))  # gate_up [tokens, 2 intermediate]
 
     def _rotated(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """q [t, heads, dim], k and v [t, kv_heads, dim] of the projection, q and k rotated."""

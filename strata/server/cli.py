@@ -2,6 +2,8 @@
 
 The port opens at once and the model loads on the engine thread, so /health answers 503
 while loading; if loading fails the server stops and the command exits with status 1.
+With `--fd N` it serves on a socket its parent already bound (a supervisor, a test): no
+port is ever free between the parent choosing it and the server listening.
 """
 
 from __future__ import annotations
@@ -10,10 +12,13 @@ import argparse
 import ipaddress
 import logging
 import os
+import signal
+import socket
 import sys
 from collections.abc import Mapping
 
 from strata.engine_args import add_engine_args, engine_config
+from strata.errors import ConfigError
 from strata.server.settings import (
     API_KEY_ENV,
     DEFAULT_HOST,
@@ -44,6 +49,14 @@ UVICORN_LIMIT_FACTOR = 2
 def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     s = subparsers.add_parser("serve", help="serve an OpenAI-compatible HTTP API")
     add_server_args(s)
+    s.add_argument_group("server").add_argument(
+        "--fd",
+        type=int,
+        default=None,
+        metavar="N",
+        help="serve on the TCP socket N, already bound and inherited from the parent process "
+        "(--host and --port are then the socket's own)",
+    )
     add_engine_args(s, default_batch=SERVE_DEFAULT_BATCH, default_prefill_chunk=SERVE_DEFAULT_PREFILL_CHUNK,
                     default_prefill_alone=SERVE_DEFAULT_PREFILL_ALONE)
     s.set_defaults(func=cmd_serve)
@@ -152,6 +165,21 @@ def server_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> Ser
     )
 
 
+def inherited_socket(fd: int) -> socket.socket:
+    """`--fd N`: the bound TCP socket N (uvicorn listens on it)."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError as exc:
+        raise ConfigError(f"--fd {fd} is not an open socket ({exc.strerror})") from exc
+    if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        sock.detach()
+        raise ConfigError(f"--fd {fd} must be a TCP socket")
+    if sock.getsockname()[1] == 0:
+        sock.detach()
+        raise ConfigError(f"--fd {fd} must be bound to an address (it has no port)")
+    return sock
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     # Imported here, not at the top: `strata generate` needs none of them (torch, uvicorn).
     import uvicorn
@@ -160,6 +188,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from strata.server.app import create_app
 
     config = engine_config(args)  # a bad engine flag fails here, before the port opens
+    sock = inherited_socket(args.fd) if args.fd is not None else None
+    if sock is not None:  # the Host check and the printed address follow the socket
+        args.host, args.port = sock.getsockname()[:2]
     settings = server_settings(args, os.environ)
     if not _is_loopback(settings.host) and settings.api_key is None:
         log.warning(
@@ -192,8 +223,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
         f"strata: serving {name} at http://{settings.host}:{settings.port}/v1 (loading the model)",
         file=sys.stderr,
     )
-    server.run()
+    # uvicorn stops gracefully on SIGTERM, then raises it again against the handler it found:
+    # this one, so a supervisor's stop ends with the summary below and status 0.
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    try:
+        server.run(sockets=[sock] if sock is not None else None)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if failures:
         print(f"strata: error: the model failed to load: {failures[0]}", file=sys.stderr)
         return 1
+    snap = app.state.strata.loop.snapshot  # the engine's last: after it ended every open request
+    if snap is not None:
+        print(f"strata: stopped: {snap.num_running} request(s) running, {snap.num_chunks_active} of "
+              f"{snap.pool.num_chunks_total} K/V chunks held by requests", file=sys.stderr)
     return 0

@@ -6,13 +6,17 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import signal
 import subprocess
 import sys
 
 import pytest
 
 from strata import LLM, SamplingParams
+from strata.config import DEFAULT_SPEC_K
 from strata.kv.session_format import read_header
+from tests import stepped
+from tests.stepped import Gate
 from tests.conftest import require
 
 pexpect = require("pexpect")
@@ -27,11 +31,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 class Chat:
-    def __init__(self, gguf_path: str, **env_extra: str):
-        args = ["-m", "strata.cli", "chat", "--model", gguf_path, "--temperature", "0",
+    """`strata chat` on a pseudo-terminal. With `gate` (tests/stepped.py), the test decides how
+    many steps an answer gets."""
+
+    def __init__(self, gguf_path: str, gate: Gate | None = None, **env_extra: str):
+        args = ["chat", "--model", gguf_path, "--temperature", "0",
                 "--max-new", str(MAX_NEW), "--dtype", "float32", "--max-context", "512"]
+        args = ["-m", "strata.cli", *args] if gate is None else stepped.command(gate.path, *args)
         env = {**os.environ, "TERM": "dumb", "PYTHONPATH": ROOT, **env_extra}
         self.child = pexpect.spawn(sys.executable, args, env=env, encoding="utf-8", timeout=300)
+        if gate is not None:
+            gate.open()
         self.child.expect("you> ")
         self.startup = self.child.before
 
@@ -59,9 +69,10 @@ def greedy(llm: LLM, messages: list[dict]) -> str:
     return llm.chat(messages, SamplingParams(temperature=0, max_tokens=MAX_NEW))[0].text
 
 
-def test_chat_turns_cache_regenerate_branch_stop_system(gguf_path, offline):
+def test_chat_turns_cache_regenerate_branch_stop_system(gguf_path, offline, tmp_path):
     # Built from the file, not mapped from the prepared-model cache (which has no bar to show).
-    chat = Chat(gguf_path, STRATA_CACHE_DIR="off")
+    gate = Gate(str(tmp_path / "gate"))
+    chat = Chat(gguf_path, gate, STRATA_CACHE_DIR="off")
     assert "loading weights" in chat.startup  # the load's progress bar, on a terminal
     tok = offline.tokenizer
     q1, q2, q3 = "What is the capital of France?", "And of Italy?", "And of Spain?"
@@ -86,14 +97,20 @@ def test_chat_turns_cache_regenerate_branch_stop_system(gguf_path, offline):
     history = chat.command("/history")
     assert "1. you: " + q1 in history and "2. you: " + q3 in history and q2 not in history
 
-    # Ctrl-C while an answer streams: it stops, and the chat (and its cache) carries on.
+    # Ctrl-C while an answer streams: it stops, and the chat (and its cache) carries on. The
+    # answer gets 3 steps, then its next step waits at the gate until the SIGINT has been
+    # handled: it stops after at most 4 steps (of up to 1 + drafts tokens each), never at 32.
+    gate.hold()
     chat.child.sendline("Tell me a very long story about a dragon.")
     chat.child.expect("dragon.\r\n")
+    gate.steps(3)
     chat.child.expect(r"\w\w")
-    chat.child.sendintr()
+    chat.child.kill(signal.SIGINT)  # what Ctrl-C on the terminal sends
+    gate.release()
     chat.child.expect(STOPPED)
-    stopped_prompt, stopped_cached = (int(g) for g in chat.child.match.groups()[:2])
+    stopped_prompt, stopped_cached, _, stopped_answer = (int(g) for g in chat.child.match.groups())
     assert stopped_cached >= p3 and stopped_prompt > p3
+    assert 1 <= stopped_answer <= 4 * (1 + DEFAULT_SPEC_K) < MAX_NEW
     chat.child.expect("you> ")
     assert "3. you: Tell me a very long story" in chat.command("/history")
     assert "[stopped]" in chat.command("/history")

@@ -1,4 +1,5 @@
-"""Every model path against Hugging Face transformers on the same weights (float32)."""
+"""Every model path against Hugging Face transformers on the same weights (float32), on every
+decode path this CPU has (tests/conftest.py's DECODE_PATHS: fused CPU ops and torch's)."""
 
 from __future__ import annotations
 
@@ -41,26 +42,26 @@ def tiny(request, tmp_path_factory, smol_tokenizer):
     return path, ref
 
 
-def test_tiny_logits_match_transformers(tiny, smol_tokenizer):
+def test_tiny_logits_match_transformers(tiny, smol_tokenizer, decode_path):
     path, ref = tiny
     ids = smol_tokenizer.encode(PROMPT)
     with torch.inference_mode():
         expected = ref(torch.tensor([ids])).logits[0].float()
     # Chunks of 16 cells and prefill pieces of 7 tokens: the prompt spans several chunks
     # and is read in pieces that attend to K/V written by earlier pieces.
-    engine = Engine(EngineConfig(model=path, dtype="float32", max_context=256, kv_chunk=16, prefill_chunk=7),
-                    progress=False)
+    engine = Engine(EngineConfig(model=path, dtype="float32", max_context=256, kv_chunk=16, prefill_chunk=7,
+                                 fused=decode_path == "fused"), progress=False)
     assert_logits_close(prompt_logits(engine, ids), expected)
 
 
-def test_tiny_greedy_matches_transformers(tiny, smol_tokenizer):
+def test_tiny_greedy_matches_transformers(tiny, smol_tokenizer, decode_path):
     path, ref = tiny
     ids = smol_tokenizer.encode(PROMPT)
     with torch.inference_mode():
         out = ref.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False, eos_token_id=None,
                            pad_token_id=0)
     expected = out[0, len(ids):].tolist()
-    llm = LLM(model=path, dtype="float32", max_context=256, kv_chunk=64, batch=0)
+    llm = LLM(model=path, dtype="float32", max_context=256, kv_chunk=64, batch=0, fused=decode_path == "fused")
     (got,) = llm.generate([ids], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
     assert list(got.token_ids) == expected
 
@@ -72,12 +73,20 @@ def smol(gguf_path):
     ref = transformers.AutoModelForCausalLM.from_pretrained(
         os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path), dtype=torch.float32
     ).eval()
-    llm = LLM(model=gguf_path, dtype="float32", max_context=1024, batch=1)
+    llms = {}  # one engine per decode path, made when first asked for
+
+    def llm(decode_path: str) -> LLM:
+        if decode_path not in llms:
+            llms[decode_path] = LLM(model=gguf_path, dtype="float32", max_context=1024, batch=1,
+                                    fused=decode_path == "fused")
+        return llms[decode_path]
+
     return ref, llm
 
 
-def test_smollm2_gguf_logits_match_transformers(smol, smol_tokenizer):
-    ref, llm = smol
+def test_smollm2_gguf_logits_match_transformers(smol, smol_tokenizer, decode_path):
+    ref, engines = smol
+    llm = engines(decode_path)
     text = ("In the beginning the Universe was created. This has made a lot of people very angry and been "
             "widely regarded as a bad move. Many races believe that it was created by some sort of god. "
             "The Jatravartid people of Viltvodle VI believe that the entire Universe was in fact sneezed "
@@ -90,8 +99,9 @@ def test_smollm2_gguf_logits_match_transformers(smol, smol_tokenizer):
 
 
 @pytest.mark.parametrize("question", ["What is the capital of France?", "Écris une phrase sur la mer."])
-def test_smollm2_gguf_greedy_matches_transformers(smol, smol_tokenizer, question):
-    ref, llm = smol
+def test_smollm2_gguf_greedy_matches_transformers(smol, smol_tokenizer, question, decode_path):
+    ref, engines = smol
+    llm = engines(decode_path)
     ids = smol_tokenizer.encode_chat([{"role": "user", "content": question}])
     with torch.inference_mode():
         out = ref.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False, pad_token_id=2)

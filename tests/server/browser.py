@@ -2,10 +2,9 @@
 which .ci/run does), driven by playwright from PyPI pointed at that executable. Playwright's
 own browser download (`playwright install`) is never used.
 
-A missing playwright module is a missing test dependency (`require`: an error under CI). A
-missing browser skips the browser tests with a loud banner, as the issue allows when the
-browser cannot be installed; screenshots go to $STRATA_TEST_ARTIFACTS (default: a pytest
-temporary directory, printed).
+A missing playwright module or a missing Chromium is a missing test dependency (`require`,
+`missing`): outside CI the browser tests skip and say how to install it; under CI=true they
+fail. Screenshots go to $STRATA_TEST_ARTIFACTS (default: a pytest temporary directory, printed).
 """
 
 from __future__ import annotations
@@ -13,29 +12,18 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-import warnings
 from pathlib import Path
 
-import pytest
-
-from tests.conftest import require
+from tests.conftest import missing, require
 
 CHROMIUM_PATHS = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
 
 
 def chromium_executable() -> str:
     found = next((p for p in CHROMIUM_PATHS if os.access(p, os.X_OK)), None) or shutil.which("chromium")
-    if found is None:
-        banner = (
-            "\n" + "!" * 78 + "\n"
-            "!! BROWSER TESTS SKIPPED: no Chromium executable (looked for "
-            + ", ".join(CHROMIUM_PATHS) + " and `chromium` on PATH).\n"
-            "!! Install Debian's package: apt-get update && apt-get install -y chromium (.ci/run does).\n"
-            + "!" * 78
-        )
-        print(banner, file=sys.stderr)
-        warnings.warn(banner, stacklevel=2)
-        pytest.skip(banner, allow_module_level=True)
+    if found is None:  # skips outside CI, fails under CI=true (.ci/run installs it)
+        missing("a Chromium executable (looked for " + ", ".join(CHROMIUM_PATHS) + " and `chromium` on PATH)",
+                "apt-get update && apt-get install -y chromium")
     return found
 
 
@@ -45,6 +33,11 @@ def artifacts_dir(tmp_path_factory) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     print(f"\nbrowser test screenshots: {path}", file=sys.stderr)
     return path
+
+
+def problems(page) -> list[str]:
+    """What went wrong in the page: uncaught errors, then Content-Security-Policy violations."""
+    return page.errors + page.evaluate("window.cspViolations")
 
 
 class BrowserSession:
@@ -60,10 +53,16 @@ class BrowserSession:
         )
 
     def new_context(self):
-        # bypass_csp: playwright's waits evaluate their predicates as strings, which the app's
-        # Content-Security-Policy forbids (no eval). It also means the tests see the page
-        # without that second line of defence: an injected handler would run here.
-        return self.browser.new_context(viewport={"width": 1360, "height": 860}, bypass_csp=True)
+        """A browser profile with the app's strict Content-Security-Policy enforced (no
+        bypass_csp: a page the policy blanks fails). Every page records the policy's
+        violations in `window.cspViolations` from before its first script (an init script,
+        which the devtools protocol runs outside the policy, as it runs playwright's waits)."""
+        context = self.browser.new_context(viewport={"width": 1360, "height": 860})
+        context.add_init_script(
+            "window.cspViolations = [];"
+            "document.addEventListener('securitypolicyviolation',"
+            " e => window.cspViolations.push(`${e.violatedDirective} ${e.blockedURI}`));")
+        return context
 
     def new_page(self, context=None):
         context = context or self.new_context()

@@ -16,6 +16,7 @@ import uvicorn
 from strata.config import EngineConfig
 from strata.server.app import create_app
 from strata.server.settings import ServerSettings
+from step_gate import StepGate
 
 API_KEY = "test-key"
 MAIN_ENGINE = {
@@ -46,6 +47,7 @@ class RunningServer:
     server: uvicorn.Server
     thread: threading.Thread
     api_key: str | None = None
+    gate: StepGate | None = None  # the engine's step hook, when its loader has one (step_gate.py)
 
     @property
     def headers(self) -> dict[str, str]:
@@ -96,6 +98,15 @@ class RunningServer:
                 raise AssertionError(f"/metrics never satisfied the check; last: {pool_view(m)}")
             time.sleep(0.05)
 
+    def wait_submitted(self, n: int, timeout: float = 60.0) -> None:
+        """Until the HTTP side has submitted `n` requests to the engine loop that have not ended
+        (the loop's own count, which its queue check reads: a test may look in)."""
+        loop = self.server.config.app.state.strata.loop
+        deadline = time.monotonic() + timeout
+        while loop._num_active < n:
+            assert time.monotonic() < deadline, f"{loop._num_active} of {n} requests submitted"
+            time.sleep(0.01)
+
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(30)
@@ -119,7 +130,8 @@ def start_server(
         target=server.run, kwargs={"sockets": [sock]}, name=f"uvicorn-{port}", daemon=True
     )
     thread.start()
-    running = RunningServer(f"http://127.0.0.1:{port}", server, thread, settings.api_key)
+    running = RunningServer(f"http://127.0.0.1:{port}", server, thread, settings.api_key,
+                            getattr(load_engine, "gate", None))
     deadline = time.monotonic() + READY_TIMEOUT_S
     while not server.started:
         assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
@@ -132,12 +144,15 @@ def start_server(
     return running
 
 
-def engine_loader(gguf_path: str, **options) -> Callable:
+def engine_loader(gguf_path: str, gate: StepGate | None = None, **options) -> Callable:
+    """Loads the engine (with `gate`, its steps pass through that step hook: `load.gate`)."""
     def load():
         from strata.engine.engine import Engine
 
-        return Engine(EngineConfig(model=gguf_path, **options), progress=False)
+        engine = Engine(EngineConfig(model=gguf_path, **options), progress=False)
+        return gate.wrap(engine) if gate is not None else engine
 
+    load.gate = gate
     return load
 
 

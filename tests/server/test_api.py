@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 
 import httpx
 import pytest
@@ -84,7 +85,24 @@ def test_chat_extra_fields_over_httpx(main_server):
         "draft_n",  # --spec ngram by default
         "draft_n_accepted",
     }
-    assert body["timings"]["cache_n"] == body["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+def test_timings_and_usage_count_the_cached_prefix(main_server):
+    """Hand-worked counts: a fresh 40-token prompt reuses nothing; the same 40 tokens plus 2
+    more reuse those 40 (the conversation cache holds them) and compute 2."""
+    prompt = list(range(7000, 7040))  # ids no other test sends
+
+    def complete(ids: list[int]) -> dict:
+        with main_server.client() as c:
+            r = c.post("/v1/completions", json={"prompt": ids, "max_tokens": 3, "temperature": 0, "ignore_eos": True})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    for ids, cached in ((prompt, 0), (prompt + [7100, 7101], 40)):
+        body = complete(ids)
+        t, usage = body["timings"], body["usage"]
+        assert (t["cache_n"], t["prompt_n"], t["predicted_n"]) == (cached, len(ids) - cached, 3)
+        assert (usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"]) == (len(ids), cached)
 
 
 def test_completion_whole_and_streamed(main_server):
@@ -272,10 +290,24 @@ def test_streamed_text_is_whole_characters_and_stops_cleanly(main_server):
 
 
 def test_client_that_gives_up_on_a_whole_answer_is_aborted(main_server):
+    """The client hangs up while its whole answer is being made: the engine's steps wait at
+    the gate (step_gate.py) after the request's first step, so the answer cannot end first."""
     before = main_server.metrics().get('strata_requests_finished_total{finish_reason="abort"}', 0)
-    body = {"prompt": "Count slowly:", "max_tokens": 1000, "temperature": 0, "ignore_eos": True}
-    with main_server.client() as c, pytest.raises(httpx.ReadTimeout):
-        c.post("/v1/completions", json=body, timeout=1.0)
+    body = json.dumps({"prompt": "Count slowly:", "max_tokens": 64, "temperature": 0, "ignore_eos": True})
+    host, port = main_server.base_url.removeprefix("http://").split(":")
+    gate = main_server.gate
+    gate.hold()
+    try:
+        with socket.create_connection((host, int(port))) as sock:  # raw HTTP: the test decides when it leaves
+            sock.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                          f"Authorization: Bearer {main_server.api_key}\r\nContent-Type: application/json\r\n"
+                          f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
+            first = gate.steps
+            gate.allow(1)  # admitted, its prompt read: it holds a lane and waits for its next step
+            gate.wait_steps(first + 1)
+            main_server.wait_until(lambda m: m["strata_requests_running"] == 1)
+    finally:
+        gate.release()
     main_server.wait_until(
         lambda m: (
             m["strata_requests_running"] == 0
@@ -288,9 +320,11 @@ def test_slots_and_metrics(main_server):
     with main_server.client() as c:
         slots = c.get("/slots").json()
     assert [s["id"] for s in slots] == list(range(1 + MAIN_ENGINE["batch"]))
-    for s in slots:
-        assert s["state"] in ("empty", "idle", "prefilling", "decoding")
-        assert s["n_ctx"] == MAIN_ENGINE["max_context"] and s["chunks_held"] >= 0
+    chunk = MAIN_ENGINE["kv_chunk"]
+    for s in slots:  # nothing runs now: each lane is empty or holds an idle conversation, whole chunks
+        assert s["state"] in ("empty", "idle") and s["n_ctx"] == MAIN_ENGINE["max_context"]
+        assert s["chunks_held"] == -(-s["conversation_tokens"] // chunk), s
+        assert (s["state"] == "empty") == (s["conversation_tokens"] == 0)
     m = main_server.metrics()
     for name in (
         'strata_kv_chunks{state="total"}',
@@ -313,6 +347,7 @@ def test_slots_and_metrics(main_server):
     ):
         assert name in m, name
     total = m['strata_kv_chunks{state="total"}']
+    assert total == MAIN_ENGINE["kv_pool_tokens"] // chunk
     assert m['strata_kv_chunks{state="held"}'] + m['strata_kv_chunks{state="free"}'] == total
     assert (
         m["strata_generation_tokens_total"] > 0

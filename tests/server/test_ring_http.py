@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 from serving import RunningServer, engine_loader, start_server
+from step_gate import StepGate
 
 from strata.server.settings import ServerSettings
 
@@ -22,7 +23,7 @@ RING = {"dtype": "bfloat16", "max_context": 512, "batch": 2, "kv_chunk": 64, "kv
 
 @pytest.fixture(scope="module")
 def ring_server(gguf_path) -> Iterator[RunningServer]:
-    running = start_server(ServerSettings(model_alias="smol"), engine_loader(gguf_path, **RING))
+    running = start_server(ServerSettings(model_alias="smol"), engine_loader(gguf_path, gate=StepGate(), **RING))
     yield running
     running.stop()
 
@@ -50,20 +51,35 @@ def test_lanes_get_their_own_ring_sizes(ring_server):
     lane_cells = sorted(v for k, v in m.items() if k.startswith("strata_kv_ring_cells{"))
     assert lane_cells == [64.0, 256.0]
     assert m["strata_kv_ring_budget_cells"] == 384.0
-    assert m["strata_kv_ring_pages_streamed_total"] >= 0 and m["strata_kv_ring_bytes_streamed_total"] > 0
+    # Each context fits its lane's ring (24 cells in 64, 242 in 256): no page passes through
+    # staging; the bytes copied are the pages admitted into the rings.
+    assert m["strata_kv_ring_pages_streamed_total"] == 0 and m["strata_kv_ring_bytes_streamed_total"] > 0
     assert m["strata_kv_ring_budget_fallbacks_total"] == 0
 
 
 def test_a_spent_budget_keeps_the_default_ring(ring_server):
     """Two long requests at once: the budget (384) gives the first 256; the second would need
-    256 more, so it keeps 64 and the fallback counter says so."""
+    256 more, so it keeps 64 and the fallback counter says so. "At once": the engine's steps
+    wait at the gate until both requests are in, so neither can end before the other is admitted."""
     import concurrent.futures
 
-    before = ring_server.metrics()["strata_kv_ring_budget_fallbacks_total"]
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        done = list(pool.map(lambda s: complete(ring_server, s, 230, 12), (3000, 4000)))
+    m = ring_server.metrics()
+    before, streamed = m["strata_kv_ring_budget_fallbacks_total"], m["strata_kv_ring_pages_streamed_total"]
+    gate = ring_server.gate
+    gate.hold()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            running = pool.map(lambda s: complete(ring_server, s, 230, 12), (3000, 4000))
+            ring_server.wait_submitted(2)
+            gate.release()
+            done = list(running)
+    finally:
+        gate.release()
     assert all(d["usage"]["completion_tokens"] == 12 for d in done)
     with ring_server.client() as c:
         rings = sorted(s["ring"]["ring_cells"] for s in c.get("/slots").json() if s["ring"] is not None)
     assert 64 in rings and 256 in rings
-    assert ring_server.metrics()["strata_kv_ring_budget_fallbacks_total"] == before + 1
+    m = ring_server.metrics()
+    assert m["strata_kv_ring_budget_fallbacks_total"] == before + 1
+    # The lane kept at 64 cells reads a context of 242: 16 pages, at most 4 resident, the rest streamed.
+    assert m["strata_kv_ring_pages_streamed_total"] > streamed

@@ -8,6 +8,7 @@ Every name that could leave the directory is a 400 that writes and reads nothing
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -91,10 +92,13 @@ def test_saved_slot_restores_in_a_new_serve_process(slot_server, slot_dir, gguf_
         history = read_header(f, "turn1.bin")[0].token_ids
     assert saved["n_saved"] == len(history) and history[: len(PROMPT)] == PROMPT
 
-    port = free_port()
-    args = ["serve", "--port", str(port), "--slot-save-path", str(slot_dir), "--model", gguf_path, "--dtype", "bfloat16",
+    sock = bound_socket()  # handed to the server as it is: the port is never free meanwhile
+    port = sock.getsockname()[1]
+    args = ["serve", "--fd", str(sock.fileno()), "--slot-save-path", str(slot_dir), "--model", gguf_path, "--dtype", "bfloat16",
             "--max-context", "512", "--model-alias", "smol", "--batch", "1", "--kv-pool-tokens", "1024", "--kv-chunk", "16"]
-    proc = subprocess.Popen([sys.executable, "-m", "strata.cli", *args], stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "strata.cli", *args], stderr=subprocess.PIPE, text=True,
+                            pass_fds=[sock.fileno()])
+    sock.close()  # the child holds it now
     try:
         base = f"http://127.0.0.1:{port}"
         wait_healthy(base, proc)
@@ -111,12 +115,11 @@ def test_saved_slot_restores_in_a_new_serve_process(slot_server, slot_dir, gguf_
         proc.wait(60)
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def bound_socket() -> socket.socket:
+    """A loopback TCP socket bound to a port of the kernel's choosing, for `strata serve --fd`."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    return sock
 
 
 def wait_healthy(base: str, proc: subprocess.Popen, timeout_s: float = 300) -> None:

@@ -5,8 +5,11 @@ long prompt's chunks while it is read and their disappearance when it is evicted
 
 Two servers: the default model (bfloat16, a pool of 32 chunks of 16 cells, an API key, prompt
 pieces of 8 tokens so a long prompt takes many steps) and a scripted tiny model whose answer
-is fixed hostile HTML (scripted_model.py). No assertion reads the clock: the page is watched
-with playwright's waits, which poll every animation frame.
+is fixed hostile HTML (scripted_model.py). The page runs under its strict Content-Security-Policy
+(browser.py: enforced, and every test asserts no violation). No assertion reads the clock: the
+page is watched with playwright's waits, which poll every animation frame, and where a test
+must see a passing state (a prompt being read) the engine's steps wait at a gate
+(step_gate.py) until the page has shown it.
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ import threading
 
 import httpx
 import pytest
-from browser import BrowserSession, artifacts_dir
+from browser import BrowserSession, artifacts_dir, problems
 from scripted_model import make_scripted_model
 from serving import RunningServer, engine_loader, start_server
+from step_gate import StepGate
 
 from strata.server.settings import ServerSettings
 
@@ -42,7 +46,8 @@ def shots(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(gguf_path):
-    running = start_server(ServerSettings(api_key=KEY, model_alias="smol"), engine_loader(gguf_path, **ENGINE))
+    running = start_server(ServerSettings(api_key=KEY, model_alias="smol"),
+                           engine_loader(gguf_path, gate=StepGate(), **ENGINE))
     yield running
     running.stop()
 
@@ -64,14 +69,21 @@ def context(session, server):
     ctx.close()
 
 
+def until(page, expression: str) -> None:
+    """Waits until `expression` is true in the page. Passed as a function: playwright compiles
+    that over the devtools protocol, while a bare string would be polled through `eval`, which
+    the page's Content-Security-Policy (no 'unsafe-eval') forbids."""
+    page.wait_for_function(f"() => ({expression})")
+
+
 def open_app(page, url: str) -> None:
     """Opens the page; gives it the key if this browser profile has not yet."""
     page.goto(url)
-    page.wait_for_function("document.getElementById('model-name').textContent || document.getElementById('key-dialog').open")
+    until(page, "document.getElementById('model-name').textContent || document.getElementById('key-dialog').open")
     if page.is_visible("#key-dialog"):
         page.fill("#key-input", KEY)
         page.click("#key-save")
-    page.wait_for_function("document.getElementById('model-name').textContent === 'smol'")
+    until(page, "document.getElementById('model-name').textContent === 'smol'")
 
 
 def settings(page, max_tokens: int, temperature: float = 0.0) -> None:
@@ -92,7 +104,7 @@ def answer_count(page) -> int:
 
 
 def wait_answers(page, n: int):
-    page.wait_for_function(f"document.querySelectorAll('.message.assistant .cost').length >= {n}")
+    until(page, f"document.querySelectorAll('.message.assistant .cost').length >= {n}")
     return page.locator(".message.assistant .cost").nth(n - 1)
 
 
@@ -113,7 +125,7 @@ def test_chat_streams_regenerates_from_the_cache_and_remembers_the_key(session, 
     page.wait_for_selector("#key-dialog[open]")  # --api-key: the page asks once
     page.fill("#key-input", KEY)
     page.click("#key-save")
-    page.wait_for_function("document.getElementById('model-name').textContent === 'smol'")
+    until(page, "document.getElementById('model-name').textContent === 'smol'")
     settings(page, max_tokens=8)
     count_paints(page)
     send(page, "Name three colours.")
@@ -125,22 +137,24 @@ def test_chat_streams_regenerates_from_the_cache_and_remembers_the_key(session, 
     assert prompt > 0 and int(first.get_attribute("data-cached")) < prompt
     assert "TTFT" in first.inner_text() and "tok/s" in first.inner_text()
     page.screenshot(path=str(shots / "chat.png"))
+    assert problems(page) == []
 
     page.click(".message.assistant .regenerate")
     regenerated = wait_answers(page, 1)  # the old answer was replaced by the new one
-    page.wait_for_function("!document.querySelector('.message.streaming')")
+    until(page, "!document.querySelector('.message.streaming')")
     # The same history again: everything but the token that gives the logits comes from the
     # cached conversation, which keeps the first answer as a branch.
     assert int(regenerated.get_attribute("data-prompt")) == prompt
     assert int(regenerated.get_attribute("data-cached")) == prompt - 1
     assert page.locator(".message").count() == 2
+    assert problems(page) == []
 
     page.reload()
-    page.wait_for_function("document.getElementById('model-name').textContent === 'smol'")
+    until(page, "document.getElementById('model-name').textContent === 'smol'")
     assert not page.is_visible("#key-dialog")  # the key is remembered
     assert page.locator("#conversations li").count() == 1
     assert page.locator(".message.user .content").inner_text() == "Name three colours."
-    assert page.errors == []
+    assert problems(page) == []
 
 
 def test_edit_and_resend_and_stop(session, server, context):
@@ -154,7 +168,7 @@ def test_edit_and_resend_and_stop(session, server, context):
     page.fill(".message.user textarea.editing", "Say goodbye.")
     page.click(".message.user .resend")
     edited = wait_answers(page, 1)
-    page.wait_for_function("!document.querySelector('.message.streaming')")
+    until(page, "!document.querySelector('.message.streaming')")
     assert page.locator(".message.user .content").inner_text() == "Say goodbye."
     assert page.locator(".message").count() == 2
     assert int(edited.get_attribute("data-cached")) > 0  # the shared start (the default system prompt)
@@ -162,13 +176,13 @@ def test_edit_and_resend_and_stop(session, server, context):
     finished_before = aborted(server)
     settings(page, max_tokens=300, temperature=1.0)  # within --max-context 400
     send(page, "Write a long story about the sea.")
-    page.wait_for_function("(document.querySelector('.message.assistant.streaming .content') || {}).textContent")
+    until(page, "(document.querySelector('.message.assistant.streaming .content') || {}).textContent")
     page.click("#stop")
-    page.wait_for_function("!document.querySelector('.message.streaming')")
+    until(page, "!document.querySelector('.message.streaming')")
     assert "stopped" in page.locator(".message.assistant").last.inner_text()
     server.wait_until(lambda m: aborted_in(m) == finished_before + 1)  # the server freed the request
     server.wait_until(lambda m: m.get("strata_requests_running", 0) == 0)
-    assert page.errors == []
+    assert problems(page) == []
 
 
 def aborted_in(m: dict[str, float]) -> float:
@@ -189,6 +203,7 @@ def test_model_output_that_is_html_is_shown_as_text(session, scripted_server, sh
     content = page.locator(".message.assistant .content")
     assert content.inner_text() == HOSTILE  # the model's text, character for character
     assert page.locator("#messages img, #messages script").count() == 0
+    assert problems(page) == []
 
     # A stored answer with Markdown around HTML renders the Markdown and shows the HTML as text.
     stored = [{"id": "cx", "title": "x", "system": "", "updated": 1, "messages": [
@@ -204,7 +219,7 @@ def test_model_output_that_is_html_is_shown_as_text(session, scripted_server, sh
     assert page.locator(".message.user .content").inner_text() == "<b>hi</b>"
     assert page.locator("#messages img, #messages script, #messages b").count() == 0
     page.screenshot(path=str(shots / "chat-html-as-text.png"))
-    assert dialogs == [] and page.errors == []
+    assert dialogs == [] and problems(page) == []
 
 
 def stream_ids(server: RunningServer, ids: list[int], done: threading.Event) -> threading.Thread:
@@ -237,36 +252,45 @@ def test_monitor_grid_shows_a_long_prompt_being_read_then_evicted(session, serve
         for tail in ([1, 2], [3, 4]):
             body = {"prompt": list(range(5000, 5032)) + tail, "max_tokens": 1, "temperature": 0}
             assert c.post("/v1/completions", json=body).status_code == 200
-    page.wait_for_function("""[...document.querySelectorAll('#parked li')]
+    until(page, """[...document.querySelectorAll('#parked li')]
         .filter(li => li.textContent.includes(' 34 cells · 3 chunks')).map(li => li.dataset.conv)
         .some(c => document.querySelectorAll(`#grid .chunk.shared[data-conv='${c}']`).length === 2)""")
     long_a = list(range(1000, 1300))  # 300 ids: 19 chunks of 16 cells with its first token
     done_a = threading.Event()
-    stream_ids(server, long_a, done_a)
-    # While the prompt is read (38 steps of 8 tokens), its lane says prefill and the grid
-    # already holds its chunks (room is taken at admission; the fill grows as it is read).
-    row = page.wait_for_selector("#lanes tr[data-state='prefill']")
-    conv_a = row.get_attribute("data-conv")
-    page.wait_for_function(f"document.querySelectorAll(\"#grid .chunk[data-conv='{conv_a}'][data-state='active']\").length > 0")
-    read = int(row.query_selector("td:nth-child(4)").inner_text())
-    assert read < len(long_a)
-    page.wait_for_function(  # later frames show more of it read
-        f"[...document.querySelectorAll(\"#lanes tr[data-conv='{conv_a}'] td:nth-child(4)\")].some(td => +td.textContent > {read})"
-    )
-    page.screenshot(path=str(shots / "monitor-prefill.png"))
+    gate = server.gate
+    gate.hold()  # the prompt is read only as far as the gate allows: the page sees it mid-way
+    try:
+        stream_ids(server, long_a, done_a)
+        first = gate.steps
+        gate.allow(2)  # admission and two pieces of 8 tokens (of 38)
+        gate.wait_steps(first + 2)
+        # Its lane says prefill and the grid already holds its chunks (room is taken at
+        # admission; the fill grows as it is read).
+        row = page.wait_for_selector("#lanes tr[data-state='prefill']")
+        conv_a = row.get_attribute("data-conv")
+        until(page, f"document.querySelectorAll(\"#grid .chunk[data-conv='{conv_a}'][data-state='active']\").length > 0")
+        read = int(row.query_selector("td:nth-child(4)").inner_text())
+        assert 0 < read < len(long_a)
+        gate.allow(1)  # one more piece: the next frames show more of it read
+        until(page,
+            f"[...document.querySelectorAll(\"#lanes tr[data-conv='{conv_a}'] td:nth-child(4)\")].some(td => +td.textContent > {read})"
+        )
+        page.screenshot(path=str(shots / "monitor-prefill.png"))
+    finally:
+        gate.release()
     assert done_a.wait(300)
-    page.wait_for_function(f"document.querySelectorAll(\"#grid .chunk[data-conv='{conv_a}'][data-state='parked']\").length === 19")
+    until(page, f"document.querySelectorAll(\"#grid .chunk[data-conv='{conv_a}'][data-state='parked']\").length === 19")
     assert page.locator(f"#parked li[data-conv='{conv_a}']").count() == 1
 
     # Another 300-id prompt needs 19 chunks: with A's 19 held, only 13 exist besides them,
     # so A (parked) gives way, and its cells leave the grid.
     done_b = threading.Event()
     stream_ids(server, list(range(3000, 3300)), done_b)
-    page.wait_for_function(f"document.querySelectorAll(\"#grid .chunk[data-conv='{conv_a}']\").length === 0")
+    until(page, f"document.querySelectorAll(\"#grid .chunk[data-conv='{conv_a}']\").length === 0")
     event = page.wait_for_selector(f"#events li[data-kind='eviction']:has-text('#{conv_a}')")
     assert event is not None
     assert page.locator(f"#parked li[data-conv='{conv_a}']").count() == 0
     assert done_b.wait(300)
-    page.wait_for_function("document.querySelectorAll('#lanes tr[data-state=\"prefill\"], #lanes tr[data-state=\"decode\"]').length === 0")
+    until(page, "document.querySelectorAll('#lanes tr[data-state=\"prefill\"], #lanes tr[data-state=\"decode\"]').length === 0")
     page.screenshot(path=str(shots / "monitor-evicted.png"))
-    assert page.errors == []
+    assert problems(page) == []

@@ -19,7 +19,15 @@ def test_shared_keys_are_shared_blocks(a, b, block):
     while common < min(len(a), len(b)) and a[common] == b[common]:
         common += 1
     assert matched_tokens(kb, block, set(ka)) == (common // block) * block
-    assert prefix_keys(a, block, 2, ka[1]) == ka[2:] if len(ka) > 2 else True
+
+
+@given(a=st.lists(st.integers(0, 5), min_size=1, max_size=40), block=st.integers(1, 6), data=st.data())
+def test_keys_resumed_from_any_block_are_the_rest_of_the_keys(a, block, data):
+    """`prefix_keys(a, block, start, key of block start-1)` is every key from block `start` on
+    (what KeyCache does as a conversation grows), for every start, 0 (no previous key) included."""
+    ka = prefix_keys(a, block)
+    start = data.draw(st.integers(0, len(ka)), label="start")
+    assert prefix_keys(a, block, start, ka[start - 1] if start else None) == ka[start:]
 
 
 @given(turns=st.lists(st.tuples(st.integers(0, 3), tokens_st), max_size=12), block=st.integers(1, 6))

@@ -14,7 +14,9 @@ from types import SimpleNamespace
 
 import pytest
 
-pytest.importorskip("ray.serve")
+from tests.conftest import require
+
+require("ray.serve")
 
 from strata.cluster.forward import ForwardedRequest  # noqa: E402
 from strata.cluster.keys import prefix_keys  # noqa: E402

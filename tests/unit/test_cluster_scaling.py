@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("ray.serve")
+from tests.conftest import require
+
+require("ray.serve")
 
 from ray.serve.config import AutoscalingConfig, AutoscalingContext  # noqa: E402
 

@@ -170,10 +170,14 @@ def test_parse_devices_refuses_nothing(text):
 # ---- the memory guard ------------------------------------------------------------------------
 
 
-def test_memory_guard_accepts_when_enough_is_left():
-    plan = MemoryPlan(weight_bytes=100 * MIB, kv_bytes=200 * MIB)
-    check_memory(plan, guard_mib=512, is_pooled=False, available=812 * MIB)  # exactly the guard left
-    check_memory(plan, guard_mib=0, is_pooled=True, available=300 * MIB)
+def test_memory_guard_accepts_exactly_the_guard_left_and_refuses_one_byte_less():
+    plan = MemoryPlan(weight_bytes=100 * MIB, kv_bytes=200 * MIB)  # 300 MiB held
+    assert check_memory(plan, guard_mib=512, is_pooled=False, available=812 * MIB) is None  # 512 MiB left
+    assert check_memory(plan, guard_mib=0, is_pooled=True, available=300 * MIB) is None  # nothing left, no guard
+    with pytest.raises(ConfigError, match="--memory-guard-mib 512"):
+        check_memory(plan, guard_mib=512, is_pooled=False, available=812 * MIB - 1)
+    with pytest.raises(ConfigError, match="--memory-guard-mib 0"):
+        check_memory(plan, guard_mib=0, is_pooled=True, available=300 * MIB - 1)
 
 
 @pytest.mark.parametrize("is_pooled,flags", [

@@ -1,76 +1,122 @@
-"""The fused CPU decode ops against the torch ops they replace."""
+"""The model's decode ops on each decode path (tests/conftest.py's DECODE_PATHS: the fused CPU
+ops of strata/csrc where the CPU has AVX2, torch's ops everywhere) against references
+written here in float64: RMSNorm and the residual add before it, rotary embedding with the
+K/V write, decode attention over runs of cells, and silu(gate) * up."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
-import torch.nn.functional as F
 
+from strata.cells.dense import DenseCells
 from strata.config import FUSED_ENV, fused_enabled
+from strata.models.cell_reads import DecodeRuns, DecodeSpans
 from strata.models.fused import load_decode_ops
-from strata.models.layers import RMSNorm, Rotary, apply_rotary
+from strata.models.layers import RMSNorm, Rotary, apply_rotary, silu_mul
+from tests.conftest import FUSED_ONLY
 
 
-@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
-@pytest.mark.parametrize("rows", [1, 8, 300])
-def test_rms_norm_and_add_rms_norm_match_torch(decode_ops, dtype, tol, rows):
+def ref_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x = x.double()
+    return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight.double()
+
+
+def ref_rotary(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """x [T, heads, dim] rotated: pairs (i, i + dim/2) as complex numbers times e^(i pos f_i)."""
+    half = x.shape[-1] // 2
+    z = torch.complex(x[..., :half].double(), x[..., half:].double())
+    angle = positions.double()[:, None, None] * inv_freq.double()
+    z = z * torch.polar(torch.ones_like(angle), angle)
+    return torch.cat((z.real, z.imag), dim=-1)
+
+
+def ref_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """q [heads, dim] over k, v [kv_heads, cells, dim]: softmax(q k^T / sqrt(dim)) v."""
+    heads, dim = q.shape
+    group = heads // k.shape[0]
+    kk = k.double().repeat_interleave(group, 0)  # [heads, cells, dim]
+    vv = v.double().repeat_interleave(group, 0)
+    scores = torch.einsum("hd,hcd->hc", q.double(), kk) / math.sqrt(dim)
+    return torch.einsum("hc,hcd->hd", torch.softmax(scores, -1), vv)
+
+
+def close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, f32: float, bf16: float) -> None:
+    tol = f32 if dtype == torch.float32 else bf16
+    torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 8, 300])  # 300: more rows than the fused norms take (torch's)
+def test_rms_norm_and_the_residual_add_before_it(path_ops, dtype, rows):
     g = torch.Generator().manual_seed(rows)
     x = (torch.randn(rows, 576, generator=g) * 3).to(dtype)
     d = torch.randn(rows, 576, generator=g).to(dtype)
     norm = RMSNorm(torch.randn(576, generator=g).to(dtype), 1e-5)
-    want = F.rms_norm(x, (576,), norm.weight, 1e-5)
-    torch.testing.assert_close(decode_ops.rms_norm(x, norm.weight, 1e-5), want, rtol=tol, atol=tol)
-    want_x = x + d
-    got_x, got = norm.add_and_norm(x.clone(), d, decode_ops)
-    assert torch.equal(got_x, want_x)  # the residual sum rounds once, like torch's add
-    torch.testing.assert_close(got, norm(want_x), rtol=tol, atol=tol)
+    close(norm(x, path_ops), ref_rms_norm(x, norm.weight, 1e-5), dtype, 1e-5, 2e-2)
+    got_x, got = norm.add_and_norm(x.clone(), d, path_ops)
+    assert torch.equal(got_x, (x.double() + d.double()).to(dtype))  # the sum rounds once, like torch's add
+    close(got, ref_rms_norm(got_x, norm.weight, 1e-5), dtype, 1e-5, 2e-2)
 
 
-@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
-def test_rope_write_rotates_q_and_k_and_writes_k_and_v_to_their_cells(decode_ops, dtype, tol):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_rotates_q_and_k_and_the_write_puts_k_and_v_in_their_cells(decode_path, path_ops, dtype):
     g = torch.Generator().manual_seed(2)
     heads, kv_heads, dim, tokens = 6, 2, 16, 5
     qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=g).to(dtype)
-    rotary = Rotary(rope_inv_freq_for(dim), 64, dtype, torch.device("cpu"))
-    cos, sin = rotary.tables(torch.tensor([0, 7, 8, 30, 63]))
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim))
+    positions = torch.tensor([0, 7, 8, 30, 63])
+    cos, sin = Rotary(inv_freq, 64, dtype, torch.device("cpu")).tables(positions)
     cells = torch.tensor([3, 11, 12, 40, 0])
-    k_cache, v_cache = torch.zeros(kv_heads, 48, dim, dtype=dtype), torch.zeros(kv_heads, 48, dim, dtype=dtype)
-    q = decode_ops.rope_write(qkv, cos.squeeze(1), sin.squeeze(1), k_cache, v_cache, cells, heads, kv_heads)
-    qk = apply_rotary(qkv[:, : (heads + kv_heads) * dim].view(tokens, -1, dim), cos, sin)
-    torch.testing.assert_close(q, qk[:, :heads], rtol=tol, atol=tol)
-    torch.testing.assert_close(k_cache[:, cells].transpose(0, 1), qk[:, heads:], rtol=tol, atol=tol)
+    k_cells, v_cells = (DenseCells.zeros(kv_heads, 48, dim, dtype, torch.device("cpu")) for _ in range(2))
     v = qkv[:, (heads + kv_heads) * dim :].view(tokens, kv_heads, dim)
-    assert torch.equal(v_cache[:, cells].transpose(0, 1), v)
+    if decode_path == "fused":  # one pass: q returned, k and v written (models/llama.py)
+        q = k_cells.fused_write(path_ops, qkv, cos.squeeze(1), sin.squeeze(1), v_cells, cells, heads, kv_heads)
+    else:  # the layer's torch path: q and k rotated side by side, then attention.attend's writes
+        qk = apply_rotary(qkv[:, : (heads + kv_heads) * dim].view(tokens, -1, dim), cos, sin)
+        q = qk[:, :heads]
+        k_cells.write(cells, qk[:, heads:].transpose(0, 1))
+        v_cells.write(cells, v.transpose(0, 1))
+    want = ref_rotary(qkv[:, : (heads + kv_heads) * dim].view(tokens, -1, dim), positions, inv_freq)
+    close(q, want[:, :heads], dtype, 1e-5, 3e-2)
+    close(k_cells.data[:, cells].transpose(0, 1), want[:, heads:], dtype, 1e-5, 3e-2)
+    assert torch.equal(v_cells.data[:, cells].transpose(0, 1), v)
     untouched = torch.ones(48, dtype=torch.bool)
     untouched[cells] = False
-    assert (k_cache[:, untouched] == 0).all() and (v_cache[:, untouched] == 0).all()
+    assert (k_cells.data[:, untouched] == 0).all() and (v_cells.data[:, untouched] == 0).all()
 
 
-@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+# Each row's cells: runs of storage (first cell, cells) in position order: one cell, one run,
+# several out of order, 1000 cells (many blocks of the kernel), runs in reverse storage order.
+ROWS = [[(0, 1)], [(10, 70)], [(100, 33), (2000, 1), (500, 64)], [(3000, 1000)], [(1200, 8), (1100, 8)],
+        [(4000, 96)], [(129, 127), (7, 2)]]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("group,dim", [(3, 64), (1, 16), (5, 32), (8, 128)])
-def test_decode_attention_matches_sdpa_over_spans(decode_ops, dtype, tol, group, dim):
-    """Rows over spans of one storage: one cell, one span, several out of order, a span of one
-    cell, 1000 cells (many blocks of the kernel), a lane whose spans come in reverse storage order."""
+def test_decode_attention_over_runs_of_cells(decode_path, path_ops, dtype, group, dim):
     g = torch.Generator().manual_seed(group * dim)
-    kv_heads, cells = 3, 4096
-    k = torch.randn(kv_heads, cells, dim, generator=g).to(dtype)
-    v = torch.randn(kv_heads, cells, dim, generator=g).to(dtype)
-    rows = [[(0, 1)], [(10, 70)], [(100, 33), (2000, 1), (500, 64)], [(3000, 1000)], [(1200, 8), (1100, 8)],
-            [(4000, 96)], [(129, 127), (7, 2)]]
-    spans = torch.tensor([s for r in rows for s in r], dtype=torch.long)
-    row_spans = torch.tensor([0, *torch.tensor([len(r) for r in rows]).cumsum(0).tolist()], dtype=torch.long)
-    q = torch.randn(len(rows), kv_heads * group, dim, generator=g).to(dtype)
-    got = decode_ops.decode_attention(q, k, v, spans, row_spans, dim**-0.5)
-    for r, row in enumerate(rows):
+    kv_heads = 3
+    k = DenseCells(torch.randn(kv_heads, 4096, dim, generator=g).to(dtype))
+    v = DenseCells(torch.randn(kv_heads, 4096, dim, generator=g).to(dtype))
+    q = torch.randn(len(ROWS), kv_heads * group, dim, generator=g).to(dtype)
+    if decode_path == "fused":  # every row at once, through the kernel (cell_reads.DecodeSpans)
+        spans = torch.tensor([s for r in ROWS for s in r], dtype=torch.long)
+        row_spans = torch.tensor([0, *torch.tensor([len(r) for r in ROWS]).cumsum(0).tolist()], dtype=torch.long)
+        got = DecodeSpans(0, len(ROWS), spans, row_spans, path_ops.decode_attention).attend(q, k, v)
+    else:  # torch's read of a lane in runs of storage, merged by log-sum-exp (cell_reads.DecodeRuns)
+        got = torch.cat([DecodeRuns(r, tuple(slice(a, a + n) for a, n in row)).attend(q[r : r + 1], k, v)
+                         for r, row in enumerate(ROWS)])
+    for r, row in enumerate(ROWS):
         idx = torch.cat([torch.arange(a, a + n) for a, n in row])
-        qg = q[r].float().view(1, kv_heads, group, dim)
-        want = F.scaled_dot_product_attention(qg, k[:, idx].float().unsqueeze(0), v[:, idx].float().unsqueeze(0))
-        torch.testing.assert_close(got[r].float(), want.view(kv_heads * group, dim), rtol=tol, atol=tol)
+        close(got[r], ref_attention(q[r], k.data[:, idx], v.data[:, idx]), dtype, 1e-5, 2e-2)
 
 
-def test_decode_attention_reads_strided_queries_and_storage(decode_ops):
-    """q as a view of q|k side by side (rows not contiguous), storage a strided view of a
-    larger cache: the same result as from contiguous copies."""
+@pytest.mark.parametrize("decode_path", FUSED_ONLY)
+def test_decode_attention_reads_strided_queries_and_storage(decode_path, decode_ops):
+    """The kernel alone: q as a view of q|k side by side (rows not contiguous), storage a
+    strided view of a larger cache: the same result as from contiguous copies."""
     g = torch.Generator().manual_seed(1)
     qk = torch.randn(2, 9 + 3, 16, generator=g)
     big = torch.randn(2, 3, 64, 16, generator=g)
@@ -80,25 +126,23 @@ def test_decode_attention_reads_strided_queries_and_storage(decode_ops):
     assert torch.equal(got, want)
 
 
-def test_decode_attention_refuses_spans_outside_storage(decode_ops):
+@pytest.mark.parametrize("decode_path", FUSED_ONLY)
+def test_decode_attention_refuses_spans_outside_storage(decode_path, decode_ops):
     k = torch.zeros(1, 32, 16)
     with pytest.raises(RuntimeError, match="outside storage"):
         decode_ops.decode_attention(torch.zeros(1, 1, 16), k, k, torch.tensor([[20, 13]]), torch.tensor([0, 1]), 1.0)
 
 
 @pytest.mark.parametrize("rows,width", [(1, 1536), (5, 100), (130, 96)])  # vector body and scalar tail
-def test_silu_mul_matches_torch(decode_ops, rows, width):
+def test_silu_mul(path_ops, rows, width):
     g = torch.Generator().manual_seed(rows)
     gate_up = torch.randn(rows, 2 * width, generator=g) * 6
-    gate, up = gate_up.chunk(2, dim=-1)
-    torch.testing.assert_close(decode_ops.silu_mul(gate_up), F.silu(gate) * up, rtol=2e-6, atol=1e-6)
-    bf = gate_up.bfloat16()  # bfloat16: silu rounds, then the product rounds, as torch's two ops
-    gate, up = bf.chunk(2, dim=-1)  # (exp differs by an ulp between kernels: a rounding may flip)
-    torch.testing.assert_close(decode_ops.silu_mul(bf), F.silu(gate) * up, rtol=8e-3, atol=1e-6)
-
-
-def rope_inv_freq_for(dim: int) -> torch.Tensor:
-    return 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim))
+    gate, up = gate_up.double().chunk(2, dim=-1)
+    want = gate * torch.sigmoid(gate) * up
+    close(silu_mul(gate_up, path_ops), want, torch.float32, 2e-6, 0)
+    bf = gate_up.bfloat16()  # bfloat16: silu rounds, then the product rounds (two bf16 roundings)
+    gate, up = bf.double().chunk(2, dim=-1)
+    close(silu_mul(bf, path_ops), gate * torch.sigmoid(gate) * up, torch.bfloat16, 0, 1.6e-2)
 
 
 @pytest.mark.parametrize("value,on", [("", True), ("1", True), ("on", True), ("0", False), ("false", False),

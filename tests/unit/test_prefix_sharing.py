@@ -156,7 +156,6 @@ def test_a_stale_index_fails_the_check():
 
 def test_metrics_and_slots_show_shared_chunks():
     """/metrics exports the shared chunks and the cells they save; /slots each lane's shared chunks."""
-    pytest.importorskip("prometheus_client")
     import dataclasses
 
     from strata.server.metrics import ServerMetrics

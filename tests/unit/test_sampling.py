@@ -101,8 +101,10 @@ def test_defaults():
         {"ignore_eos": True},
     ],
 )
-def test_edge_values_are_accepted(kwargs):
-    SamplingParams(**kwargs)
+def test_edge_values_are_accepted_as_given(kwargs):
+    params = SamplingParams(**kwargs)
+    for field, value in kwargs.items():
+        assert getattr(params, field) == (tuple(value) if isinstance(value, list) else value), field
 
 
 def test_stop_is_normalised_to_a_tuple():
