@@ -13,6 +13,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 from strata import __version__
 from strata.engine.interface import Engine
+from strata.kv.session_disk import remove_leftovers
 from strata.server import requests
 from strata.server.anthropic.errors import AnthropicErrors
 from strata.server.anthropic.routes import router as anthropic_router
@@ -63,6 +64,8 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if settings.slot_save_path is not None:  # what a save killed mid-file left (kv/session_disk.py)
+            remove_leftovers(settings.slot_save_path)
         loop.start(asyncio.get_running_loop())
         try:
             yield

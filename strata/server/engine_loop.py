@@ -11,6 +11,10 @@ Invariants:
 - Closing a handle before its final event sends `Cancel`: the engine aborts the request
   before its next step, and the request's chunks go back to the pool.
 - Before the final event, `Admitted` comes first once the request holds a lane.
+- Every `call` ends: its future is resolved by the engine thread, or failed when that
+  thread stops or has stopped. Session files run off the step path (`session`): the
+  worker that streams one wakes the engine thread when it ends, and the thread settles
+  it between steps.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import time
 import uuid
 from collections.abc import Callable
 
-from strata.engine.interface import Engine, EngineSnapshot, Prompt, RequestOutput
+from strata.engine.interface import Engine, EngineSnapshot, Prompt, RequestOutput, SessionJob
 from strata.errors import QueueFullError, StrataError
 from strata.sampling import SamplingParams
 from strata.server.engine_commands import STOP, WAKE, Add, Call, Cancel
@@ -120,11 +124,25 @@ class EngineLoop:
         return handle
 
     async def call(self, fn: Callable[[Engine], object]) -> object:
-        """`fn(engine)` on the engine thread between two steps (session files); raises what it raises."""
+        """`fn(engine)` on the engine thread between two steps; raises what it raises."""
         self.check_ready()
         future: concurrent.futures.Future = concurrent.futures.Future()
         self._inbox.put(Call(fn, future))
+        if self._thread is None or not self._thread.is_alive():
+            self._fail_calls(NotReady("the server is shutting down", code="shutting_down"))
         return await asyncio.wrap_future(future)
+
+    async def session(self, begin: Callable[[Engine], SessionJob]) -> object:
+        """A session file's save or restore: `begin(engine)` on the engine thread, then its result
+        once the worker has streamed it (the other lanes step meanwhile)."""
+        job = await self.call(begin)
+        return await asyncio.wrap_future(job.result)
+
+    def _fail_calls(self, error: Exception) -> None:
+        """Fails every Call still in the inbox (the engine thread is gone); the rest is dropped."""
+        for command in self._drain(block=False):
+            if isinstance(command, Call) and not command.future.done():
+                command.future.set_exception(error)
 
     def wake(self) -> None:
         """The engine thread observes once even if it has no work (a monitor just opened)."""
@@ -169,6 +187,7 @@ class EngineLoop:
         self.info = ModelInfo(self._model_id, info.tokenizer, info.max_context, info.vocab_size, info.fingerprint)
         self.num_lanes = info.num_lanes
         self.snapshot = engine.snapshot()
+        engine.add_session_listener(self.wake)  # a session file's stream ended: settle it
         self.state = "ready"
         try:
             self._serve(engine)
@@ -177,6 +196,8 @@ class EngineLoop:
             error = ServerError("the engine loop stopped")
             error.__cause__ = exc
             incident_id(error, "the engine loop, which stopped: every open request ends")
+            engine.abandon_sessions(error)
+            self._fail_calls(error)
             self._post([(request_id, Failed(error)) for request_id in self._accepted(engine)], error)
 
     def _serve(self, engine: Engine) -> None:
@@ -189,6 +210,7 @@ class EngineLoop:
                     return
                 if command is not WAKE:
                     batch += self._apply(engine, command)
+            engine.settle_sessions()
             if engine.has_work:
                 batch += self._step(engine)
             self.snapshot = engine.snapshot()
@@ -284,6 +306,8 @@ class EngineLoop:
         for c in unread:
             if isinstance(c, Call):
                 c.future.set_exception(error)
+        engine.close_sessions()  # the files in flight complete (or are removed), their callers hear
+        self._fail_calls(error)
         self.snapshot = engine.snapshot()
         self._post(batch, error)
 
