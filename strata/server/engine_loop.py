@@ -11,10 +11,8 @@ Invariants:
 - Closing a handle before its final event sends `Cancel`: the engine aborts the request
   before its next step, and the request's chunks go back to the pool.
 - Before the final event, `Admitted` comes first once the request holds a lane.
-- Every `call` ends: its future is resolved by the engine thread, or failed when that
-  thread stops or has stopped. Session files run off the step path (`session`): the
-  worker that streams one wakes the engine thread when it ends, and the thread settles
-  it between steps.
+- Every `call` ends: resolved by the engine thread, or failed when it stops or has stopped.
+  A session file's worker wakes the engine thread when it ends, to be settled between steps.
 """
 
 from __future__ import annotations
@@ -44,14 +42,8 @@ log = logging.getLogger("strata.server")
 
 
 class EngineLoop:
-    def __init__(
-        self,
-        load: Callable[[], Engine],
-        model_id: str,
-        metrics: ServerMetrics,
-        max_waiting: int,
-        on_load_error: Callable[[BaseException], None] | None = None,
-    ):
+    def __init__(self, load: Callable[[], Engine], model_id: str, metrics: ServerMetrics, max_waiting: int,
+                 on_load_error: Callable[[BaseException], None] | None = None):
         self._load = load
         self._model_id = model_id
         self._metrics = metrics
@@ -95,11 +87,8 @@ class EngineLoop:
             # A StrataError says what to fix (a missing file, a bad flag); any other
             # exception's text stays in the log, which already has it.
             why = self.load_error if isinstance(self.load_error, StrataError) else None
-            raise NotReady(
-                f"the model failed to load: {why or 'see the server log'}",
-                code="model_load_failed",
-                retry_after=60,
-            )
+            raise NotReady(f"the model failed to load: {why or 'see the server log'}", code="model_load_failed",
+                           retry_after=60)
         raise NotReady("the server is shutting down", code="shutting_down")
 
     def check_capacity(self) -> None:
@@ -138,14 +127,12 @@ class EngineLoop:
         job = await self.call(begin)
         return await asyncio.wrap_future(job.result)
 
-    def _fail_calls(self, error: Exception) -> None:
-        """Fails every Call still in the inbox (the engine thread is gone); the rest is dropped."""
+    def _fail_calls(self, error: Exception) -> None:  # the engine thread is gone: the inbox is dropped
         for command in self._drain(block=False):
             if isinstance(command, Call) and not command.future.done():
                 command.future.set_exception(error)
 
-    def wake(self) -> None:
-        """The engine thread observes once even if it has no work (a monitor just opened)."""
+    def wake(self) -> None:  # the engine thread observes once even without work (a monitor, a session file)
         self._inbox.put(WAKE)
 
     def close(self, handle: RequestHandle) -> None:
@@ -168,8 +155,7 @@ class EngineLoop:
                 self._forget(handle)
             handle.put(event)
 
-    def _fail_open(self, error: Exception) -> None:
-        """The engine thread has ended (state is no longer "ready", so nothing new arrives)."""
+    def _fail_open(self, error: Exception) -> None:  # the engine thread has ended: nothing new arrives
         self._deliver([(request_id, Failed(error)) for request_id in list(self._handles)])
 
     # ---- engine thread --------------------------------------------------------------------
@@ -267,15 +253,8 @@ class EngineLoop:
         return batch
 
     def _observe(self, out: RequestOutput) -> None:
-        m = self._metrics
-        if out.new_token_ids:
-            m.generation_tokens.inc(len(out.new_token_ids))
-            if out.latency_s is not None:  # the first token's: since arrival (TTFT); else since the last
-                (m.ttft if out.num_output_tokens == len(out.new_token_ids) else m.itl).observe(out.latency_s)
+        self._metrics.observe(out)
         if out.finished:
-            m.finished.labels(out.finish_reason or "unknown").inc()
-            if out.error is None:
-                m.prompt_tokens.inc(out.num_prompt_tokens)
             self._open.discard(out.request_id)
 
     def _fail_all(self, engine: Engine, error: ServerError) -> list[tuple[str, Event]]:
@@ -291,8 +270,7 @@ class EngineLoop:
         return batch
 
     def _accepted(self, engine: Engine) -> list[str]:
-        """Every request this loop took and has not ended: in the engine, or ended by a
-        step whose events were lost because the step failed."""
+        """Every request this loop took and has not ended (in the engine, or lost in a failed step)."""
         return list(dict.fromkeys([*engine.open_requests(), *self._open]))
 
     def _shutdown(self, engine: Engine, batch: list[tuple[str, Event]], unread: list) -> None:
@@ -303,9 +281,8 @@ class EngineLoop:
             engine.cancel(request_id)
             batch.append((request_id, Failed(error)))
         batch += [(c.request_id, Failed(error)) for c in unread if isinstance(c, Add)]
-        for c in unread:
-            if isinstance(c, Call):
-                c.future.set_exception(error)
+        for c in (c for c in unread if isinstance(c, Call)):
+            c.future.set_exception(error)
         engine.close_sessions()  # the files in flight complete (or are removed), their callers hear
         self._fail_calls(error)
         self.snapshot = engine.snapshot()
