@@ -29,6 +29,11 @@ from strata.kv import session_disk as disk
 from strata.kv.session_format import CRC, KVGeometry, SessionHeader, crc32, read_header
 from strata.cells.storage import KV_TORCH_DTYPES, KVStorage
 
+# A save flushes its file to the disk every this many bytes, so that the dirty pages it leaves
+# in the page cache (and the writeback the kernel owes for them) stay bounded while the engine
+# steps beside it; the last flush before the rename is then short.
+SYNC_EVERY_BYTES = 64 << 20
+
 
 def storage_geometry(storage: KVStorage) -> KVGeometry:
     heads, _, head_dim = storage.k[0].shape
@@ -95,6 +100,7 @@ def save_cells(path: str, header: SessionHeader, storage: KVStorage, chunk_ids: 
         with os.fdopen(fd, "wb") as f:
             f.write(head)
             buf, parts = RecordBuffer(header.geometry, header.block_cells), layer_parts(storage)
+            unsynced = 0
             for i in range(header.num_records):
                 n = header.record_cells(i)
                 views = buf.views(n)
@@ -105,6 +111,11 @@ def save_cells(path: str, header: SessionHeader, storage: KVStorage, chunk_ids: 
                 payload = buf.payload(n)
                 f.write(payload)
                 f.write(CRC.pack(crc32(payload)))
+                unsynced += len(payload)
+                if unsynced >= SYNC_EVERY_BYTES:  # dirty pages stay few: no writeback storm at the end
+                    f.flush()
+                    os.fdatasync(f.fileno())
+                    unsynced = 0
                 if on_record is not None:
                     on_record(i)
             f.flush()

@@ -33,6 +33,7 @@ from strata.sampling import SamplingParams
 from strata.server.engine_commands import STOP, WAKE, Add, Call, Cancel
 from strata.server.errors import NotReady, ServerError
 from strata.server.handle import Admitted, Event, Failed, RequestHandle, is_final
+from strata.server.heap import HeapTrim
 from strata.server.incidents import incident_id
 from strata.server.metrics import ServerMetrics
 from strata.server.monitor.watch import PoolWatch
@@ -43,12 +44,13 @@ log = logging.getLogger("strata.server")
 
 class EngineLoop:
     def __init__(self, load: Callable[[], Engine], model_id: str, metrics: ServerMetrics, max_waiting: int,
-                 on_load_error: Callable[[BaseException], None] | None = None):
+                 on_load_error: Callable[[BaseException], None] | None = None, heap: HeapTrim | None = None):
         self._load = load
         self._model_id = model_id
         self._metrics = metrics
         self._max_waiting = max_waiting
         self._on_load_error = on_load_error
+        self._heap = heap or HeapTrim(None)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._aloop: asyncio.AbstractEventLoop | None = None
@@ -203,14 +205,13 @@ class EngineLoop:
             self.pool_watch.observe(engine.picture)
             if batch:
                 self._post(batch)
+            self._heap.between_steps()
 
     def _drain(self, block: bool) -> list:
         commands = [self._inbox.get()] if block else []
-        while True:
-            try:
-                commands.append(self._inbox.get_nowait())
-            except queue.Empty:
-                return commands
+        while not self._inbox.empty():
+            commands.append(self._inbox.get_nowait())
+        return commands
 
     def _apply(self, engine: Engine, command: Add | Cancel | Call) -> list[tuple[str, Event]]:
         if isinstance(command, Call):
@@ -229,9 +230,8 @@ class EngineLoop:
             engine.submit(command.prompt, command.params, request_id, arrival=command.arrival)
         except StrataError as exc:
             return [(request_id, Failed(exc))]
-        except Exception as exc:
+        except Exception as exc:  # the client gets an incident id; the log gets the cause under it
             log.exception("submit failed")
-            # The client gets an incident id; the log gets the cause under it.
             error = ServerError("the engine could not take the request")
             error.__cause__ = exc
             return [(request_id, Failed(error))]
