@@ -89,7 +89,7 @@ class Engine:
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self._stop_token_ids)
         self._requests[request_id] = RequestState(
             request_id, prompt_ids, params, make_generator(params.seed, self._model.layer_devices[-1]),
-            IncrementalDetokenizer(self.tokenizer, params.stop), stop_ids,
+            IncrementalDetokenizer(self.tokenizer, params.stop, context=prompt_ids), stop_ids,
             arrival=time.perf_counter() if arrival is None else arrival,
             drafting=self._scheduler.drafts is not None,
         )
