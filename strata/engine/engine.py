@@ -5,9 +5,8 @@
   `last_admissions` telling which requests the step admitted;
 - views: `info` (fixed once loaded), `snapshot()` (pool, lanes, counters) and `picture()`
   (the Monitor's view of every chunk), `held_conversations()`;
-- lanes and session files: `move`, `park`, `restore`, `erase_lane`; session files off the
-  step path: `begin_save_session`, `begin_restore_session` (a SessionJob), `settle_sessions`,
-  and `save_session`, `restore_session` that wait for theirs.
+- lanes: `move`, `park`, `restore`, `erase_lane`; session files off the step path:
+  `begin_save_session`, `begin_restore_session` (a SessionJob); `save_session`, `restore_session`.
 
 Its parts (scheduler, layout, K/V storage, ring, runner, model) are private: nothing
 outside `engine/` reaches them (tests/unit/test_seams.py checks it). Not thread-safe: one
@@ -161,7 +160,9 @@ class Engine:
 
     def run_until_done(self) -> list[RequestOutput]:
         outputs = []
-        while self.has_work:
+        while self.has_work or (self._scheduler.waiting and self._sessions.in_flight):
+            if not self.has_work:  # what waits, waits for a session file in flight
+                self._sessions.wait_any()
             outputs.extend(self.step())
         return outputs
 
