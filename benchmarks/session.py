@@ -22,10 +22,19 @@ Arms, interleaved round by round at each length (medians over --rounds):
 The restore's peak extra RSS (VmHWM, reset before the restore, minus the RSS before) is
 in the table, next to the session's size.
 
-    python benchmarks/session.py [--lengths 1024,4096,...] [--rounds 3] [--threads 1] [--prefill-max 4096]
+Then the stall table (session_parts/stall.py): a decoding stream's worst gap between tokens
+while a conversation of --stall-cells (1 GiB of K/V by default) is saved, then restored,
+over its median gap, for the file streamed inline (the engine waits for it between two
+steps, as before) and off the step path (a worker thread streams it while the engine steps),
+next to the same windows without any file (the machine's own noise).
 
-Writes benchmarks/results/session.json and session.png (or under --out). `--quick`: 256 and
-1024 cells in chunks of 256, one round.
+    python benchmarks/session.py [--lengths 1024,4096,...] [--rounds 3] [--threads 1] [--prefill-max 4096]
+                                 [--stall-cells 46603] [--stall-rounds 2] [--arms none,inline,offpath]
+
+`--lengths ""` skips the first table, `--stall-cells 0` the second; `--arms inline` runs on a
+tree whose engine has no `begin_save_session` (what was measured before). Writes
+benchmarks/results/session.json and session.png (or under --out). `--quick`: 256 and 1024
+cells in chunks of 256, one round; a stall table of 2048 cells, one round.
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ from benchmarks.common import add_quick_and_out, print_table, wait_for_quiet, wr
 from benchmarks.serve_parts.servers import find_llama_server  # noqa: E402
 from benchmarks.session_parts.arms import SessionArms  # noqa: E402
 from benchmarks.session_parts.plot import plot  # noqa: E402
+from benchmarks.session_parts.stall import StallArms  # noqa: E402
 
 MIB = 1 << 20
 
@@ -54,13 +64,22 @@ def main() -> int:
     ap.add_argument("--chunk", type=int, default=4096)
     ap.add_argument("--prefill-max", type=int, default=4096, help="longest real prefill measured")
     ap.add_argument("--dir", default=None, help="where the session files go (default: a temporary directory)")
-    add_quick_and_out(ap, "256 and 1024 cells in chunks of 256, 1 round")
+    ap.add_argument("--stall-cells", type=int, default=(1 << 30) // 23040, help="the stall table's conversation")
+    ap.add_argument("--stall-rounds", type=int, default=2)
+    ap.add_argument("--arms", default="none,inline,offpath", help="the stall table's arms")
+    add_quick_and_out(ap, "256 and 1024 cells in chunks of 256, 1 round; a 2048-cell stall table")
     args = ap.parse_args()
     if args.quick:
         args.lengths, args.rounds, args.chunk, args.prefill_max = "256,1024", 1, 256, 1024
-    lengths = [int(x) for x in args.lengths.split(",")]
-    llama = find_llama_server()
+        args.stall_cells, args.stall_rounds = 2048, 1
+    lengths = [int(x) for x in args.lengths.split(",") if x]
     quiet = wait_for_quiet(0 if args.quick else 60)
+    stall = stall_table(args) if args.stall_cells else None
+    if not lengths:
+        path = write_json("session_stall.json", {"args": vars(args), "host": quiet, "stall": stall}, args.out)
+        print(f"wrote {path}")
+        return 0
+    llama = find_llama_server()
     with tempfile.TemporaryDirectory(dir=args.dir) as work:
         arms = SessionArms(max(lengths), args.chunk, args.threads, work)
         rows = {n: {"save": [], "restore_cold": [], "restore_warm": [], "prefill": []} for n in lengths}
@@ -91,13 +110,42 @@ def main() -> int:
             "llama-server: not found (benchmarks/serve_parts looks for /tmp/llamacpp/**/build/bin/llama-server); "
             "no llama-server arm was run")
     print(note)
-    path = write_json("session.json", {"args": vars(args), "host": quiet, "table": text, "note": note,
+    path = write_json("session.json", {"args": vars(args), "host": quiet, "table": text, "note": note, "stall": stall,
                                        "rounds": {str(n): rows[n] for n in lengths},
                                        "medians": {str(n): summary[n] for n in lengths}}, args.out)
     png = os.path.join(args.out, "session.png")
     plot(summary, lengths, png)
     print(f"wrote {path} and {png}")
     return 0
+
+
+def stall_table(args) -> dict:
+    arms = [a for a in args.arms.split(",") if a]
+    rows: dict[str, list[dict]] = {a: [] for a in arms}
+    with tempfile.TemporaryDirectory(dir=args.dir) as work:
+        bench = StallArms(args.stall_cells, args.chunk, args.threads, work)
+        for r in range(args.stall_rounds):
+            for arm in arms:
+                res = bench.round(arm)
+                rows[arm].append(res)
+                print(f"  stall round {r + 1}/{args.stall_rounds} {arm}: save worst/median "
+                      f"{res['save']['ratio']:.2f}, restore {res['restore']['ratio']:.2f}", file=sys.stderr)
+    table = []
+    size = max(x["bytes"] for runs in rows.values() for x in runs)
+    for arm in arms:
+        for what in ("save", "restore"):
+            runs = [x[what] for x in rows[arm]]
+            med = {k: statistics.median(x[k] for x in runs) for k in ("s", "median_gap_s", "worst_gap_s", "ratio")}
+            table.append([arm, what, "-" if arm == "none" else size / MIB, med["s"], med["median_gap_s"] * 1e3, med["worst_gap_s"] * 1e3,
+                          med["ratio"], statistics.median(x["tokens_during"] for x in runs)])
+    cols = ["arm", "file", "MiB", "seconds", "median gap ms", "worst gap ms", "worst / median", "tokens during"]
+    text = print_table(f"A decoding stream while a {args.stall_cells:,}-cell conversation streams "
+                       f"(medians of {args.stall_rounds} rounds)", cols, table)
+    for runs in rows.values():
+        for x in runs:
+            for what in ("save", "restore"):
+                x[what].pop("result", None)
+    return {"table": text, "rounds": rows}
 
 
 if __name__ == "__main__":

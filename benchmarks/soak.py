@@ -84,6 +84,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="fail unless every pool-full path fired")
     j.add_argument("--until-paths", type=float, default=0.0,
                    help="keep the load on up to this many seconds past --minutes until every path fired")
+    g.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE",
+                   help="an environment variable for the server process (e.g. MALLOC_ARENA_MAX=2); repeatable")
     p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/soak.json)")
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--quick", action="store_true",
@@ -210,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     log_dir = tempfile.mkdtemp(prefix="strata-soak-")
     port = free_port()
-    server = Server("strata", server_cmd(args, port), port, log_dir)
+    env = dict(item.split("=", 1) for item in args.server_env) or None
+    server = Server("strata", server_cmd(args, port), port, log_dir, env)
     server.start()
     print(f"server ready in {server.load_s:.1f} s: {' '.join(server.cmd[1:])}", file=sys.stderr)
     print(f"{args.clients} clients ({args.big_clients} near-max-context) for {args.minutes:g} min", file=sys.stderr)
@@ -243,7 +246,8 @@ def main(argv: list[str] | None = None) -> int:
         ["server: evictions / refusals / truncations", f"{s['evictions']:.0f} / {s['refusals']:.0f} / {s['truncations']:.0f}"],
         ["RSS start / warm / end / max (MiB)",
          f"{rss['start_mib']:.0f} / {rss['warm_mib']:.0f} / {rss['end_mib']:.0f} / {rss['max_mib']:.0f}"],
-        ["RSS trend after warm-up (MiB/min)", f"{rss['slope_mib_per_min']:+.1f}"],
+        ["RSS trend after warm-up / over the last half (MiB/min)",
+         f"{rss['slope_mib_per_min']:+.1f} / {rss['last_half_mib_per_min']:+.1f}"],
         ["last request ended / settled after (s)", f"{run['last_end_s']:.0f} / {run['settle_s']:.1f}"],
     ]
     table += "\n" + print_table("figures", ["", "value"], figures)

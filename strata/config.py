@@ -104,6 +104,26 @@ class EngineConfig:
 
 FUSED_ENV = "STRATA_FUSED"
 CACHE_ENV = "STRATA_CACHE_DIR"
+HEAP_TRIM_ENV = "STRATA_HEAP_TRIM"
+DEFAULT_HEAP_TRIM_S = None  # off unless asked: benchmarks/soak.py measured no gain (docs/browser.md)
+
+
+def heap_trim_seconds(environ: Mapping[str, str] | None = None) -> float | None:
+    """`STRATA_HEAP_TRIM`: seconds between two trims of the C heap (glibc malloc_trim) by the
+    server's engine thread between steps; 0, off or false: never; unset or empty: the default."""
+    environ = os.environ if environ is None else environ
+    value = environ.get(HEAP_TRIM_ENV, "").strip().lower()
+    if value == "":
+        return DEFAULT_HEAP_TRIM_S
+    if value in ("0", "off", "false"):
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0 or seconds != seconds or seconds == float("inf"):
+        raise ConfigError(f"${HEAP_TRIM_ENV} must be a number of seconds > 0, or 0/off, got {environ[HEAP_TRIM_ENV]!r}")
+    return seconds
 
 
 def fused_enabled(environ: Mapping[str, str] | None = None) -> bool:

@@ -121,12 +121,11 @@ class SessionFileError(RequestError):
 
 
 class LaneBusy(RequestError):
-    """A lane's conversation is being extended by a request: it cannot be saved, replaced
-    or erased until the request ends (HTTP 409)."""
+    """A lane's conversation is being extended by a request (or a session file in flight holds
+    the lane): it cannot be saved, replaced or erased until that ends (HTTP 409)."""
 
-    def __init__(self, lane: int, what: str):
-        super().__init__(f"slot {lane} is serving a request: {what} it when the request ends",
-                         code="slot_busy")
+    def __init__(self, lane: int, what: str, holder: str = "serving a request", until: str = "the request ends"):
+        super().__init__(f"slot {lane} is {holder}: {what} it when {until}", code="slot_busy")
 
 
 class SlotFilesOff(StrataError):
@@ -137,3 +136,49 @@ class SlotFilesOff(StrataError):
 
     def __init__(self) -> None:
         super().__init__("slot save and restore are off on this server: start it with --slot-save-path DIR")
+
+
+class StorageError(StrataError):
+    """A session file's storage refused an operation (not its content, not a bug): the message
+    names the path, what was being done, the bytes it needed and what the filesystem said.
+    Subclasses name the cause; their HTTP statuses are in server/errors.py's HTTP_STATUS."""
+
+    code = "storage_error"
+    error_type = "storage_error"
+
+    def __init__(self, path: str, message: str, num_bytes: int | None = None):
+        super().__init__(message)
+        self.path = path
+        self.num_bytes = num_bytes
+
+
+class StorageFull(StorageError):
+    """No space (ENOSPC) or quota (EDQUOT) left where a session file is written (HTTP 507)."""
+
+    code = "insufficient_storage"
+
+
+class StoragePermission(StorageError):
+    """The process may not write (or read) there: EACCES, EPERM (HTTP 403)."""
+
+    code = "permission_denied"
+
+
+class StorageReadOnly(StorageError):
+    """The directory is on a read-only filesystem: EROFS (HTTP 409)."""
+
+    code = "read_only_storage"
+
+
+class StorageMissing(StorageError):
+    """The directory a session file goes in (or came from) no longer exists (HTTP 409)."""
+
+    code = "directory_missing"
+
+
+class RestoreCancelled(RequestError):
+    """A restore in flight was dropped because its slot was erased meanwhile (HTTP 409)."""
+
+    def __init__(self, path: str, lane: int):
+        super().__init__(f"the restore of {path} into slot {lane} was dropped: the slot was erased meanwhile",
+                         code="restore_cancelled")

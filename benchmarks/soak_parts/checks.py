@@ -102,15 +102,20 @@ def rss_flat(samples: list[dict], duration_s: float, tol_ratio: float, tol_mib: 
     limit = warm + max(tol_ratio * warm, tol_mib)
     # The trend after warm-up (least squares over the last two thirds), reported, not judged:
     # a run of minutes cannot tell allocator warm-up that will level off from a slow leak.
-    after = [(s["t"], s["rss_mib"]) for s in samples if s["t"] >= duration_s / 3]
-    slope = float("nan")
-    if len(after) >= 3:
-        mt, mr = statistics.fmean(t for t, _ in after), statistics.fmean(r for _, r in after)
-        var = sum((t - mt) ** 2 for t, _ in after)
-        slope = 60 * sum((t - mt) * (r - mr) for t, r in after) / var if var else float("nan")
     return {"start_mib": samples[0]["rss_mib"] if samples else float("nan"), "warm_mib": warm, "end_mib": end,
             "max_mib": max((s["rss_mib"] for s in samples), default=float("nan")),
-            "limit_mib": limit, "slope_mib_per_min": slope, "ok": end <= limit}
+            "limit_mib": limit, "slope_mib_per_min": slope_after(samples, duration_s / 3),
+            "last_half_mib_per_min": slope_after(samples, duration_s / 2), "ok": end <= limit}
+
+
+def slope_after(samples: list[dict], t0: float) -> float:
+    """RSS trend in MiB per minute (least squares) over the samples from `t0` seconds on."""
+    after = [(s["t"], s["rss_mib"]) for s in samples if s["t"] >= t0]
+    if len(after) < 3:
+        return float("nan")
+    mt, mr = statistics.fmean(t for t, _ in after), statistics.fmean(r for _, r in after)
+    var = sum((t - mt) ** 2 for t, _ in after)
+    return 60 * sum((t - mt) * (r - mr) for t, r in after) / var if var else float("nan")
 
 
 def judge(counts: dict, m: dict[str, float], slots: list[dict], health: int, rss: dict,

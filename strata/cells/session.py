@@ -6,22 +6,33 @@ of K/V outside the pool at any time, whatever the conversation's length; the fil
 read with `readinto` (the page cache is not this process's memory).
 
 Writes go to a temporary name in the same directory, are fsynced, then renamed over the
-real name (and the directory fsynced), so a crash never leaves a half file under it.
+real name (and the directory fsynced), so a crash never leaves a half file under it
+(`kv/session_disk.py`: the names, the publication, storage errors by name).
+
+Saving and restoring may run on a worker thread (engine/session_jobs.py) while the engine
+steps: they touch only the cells of the chunks the engine holds for them, and what must
+happen on the engine's thread (telling the ring which cells a restore wrote) is left to it
+(`announce_written`).
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from strata.errors import SessionFileError
 from strata.cells.int8 import SCALE_DTYPE
+from strata.kv import session_disk as disk
 from strata.kv.session_format import CRC, KVGeometry, SessionHeader, crc32, read_header
 from strata.cells.storage import KV_TORCH_DTYPES, KVStorage
+
+# A save flushes its file to the disk every this many bytes, so that the dirty pages it leaves
+# in the page cache (and the writeback the kernel owes for them) stay bounded while the engine
+# steps beside it; the last flush before the rename is then short.
+SYNC_EVERY_BYTES = 64 << 20
 
 
 def storage_geometry(storage: KVStorage) -> KVGeometry:
@@ -73,15 +84,23 @@ def cell_runs(chunk_ids: Sequence[int], chunk_size: int, start: int, num_cells: 
     return runs
 
 
-def save_cells(path: str, header: SessionHeader, storage: KVStorage, chunk_ids: Sequence[int]) -> int:
-    """Writes `header` and the K/V of its cells (positions 0.. of `chunk_ids`); returns bytes written."""
+def save_cells(path: str, header: SessionHeader, storage: KVStorage, chunk_ids: Sequence[int],
+               on_record: Callable[[int], None] | None = None) -> int:
+    """Writes `header` and the K/V of its cells (positions 0.. of `chunk_ids`); returns bytes written.
+
+    Safe on a thread other than the one that steps the engine while no one writes those
+    cells (engine/session.py holds them). `on_record(i)` runs after record i is written; what
+    it raises ends the save. A storage failure is a StorageError (kv/session_disk.py), and
+    nothing is left under `path` or a temporary name."""
     head = header.encode()
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    size = header.file_size(len(head))
+    disk.check_room(path, size)
+    fd, tmp = disk.open_temporary(path, size)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(head)
             buf, parts = RecordBuffer(header.geometry, header.block_cells), layer_parts(storage)
+            unsynced = 0
             for i in range(header.num_records):
                 n = header.record_cells(i)
                 views = buf.views(n)
@@ -92,19 +111,27 @@ def save_cells(path: str, header: SessionHeader, storage: KVStorage, chunk_ids: 
                 payload = buf.payload(n)
                 f.write(payload)
                 f.write(CRC.pack(crc32(payload)))
+                unsynced += len(payload)
+                if unsynced >= SYNC_EVERY_BYTES:  # dirty pages stay few: no writeback storm at the end
+                    f.flush()
+                    os.fdatasync(f.fileno())
+                    unsynced = 0
+                if on_record is not None:
+                    on_record(i)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+    except OSError as exc:
+        disk.discard(tmp)
+        disk.raise_storage_error(exc, path, "writing", size)
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        disk.discard(tmp)
         raise
-    dir_fd = os.open(directory, os.O_RDONLY)
     try:
-        os.fsync(dir_fd)  # the rename itself survives a crash
-    finally:
-        os.close(dir_fd)
-    return header.file_size(len(head))
+        disk.publish(tmp, path, size)
+    except BaseException:
+        disk.discard(tmp)
+        raise
+    return size
 
 
 @dataclass
@@ -121,6 +148,9 @@ class SessionReader:
         try:
             f = open(path, "rb", buffering=0)  # noqa: SIM115 - closed by close()
         except OSError as exc:
+            error = disk.storage_error(exc, path, "reading")
+            if error is not None:
+                raise error from exc
             raise SessionFileError(path, f"cannot be read ({exc.strerror or exc})") from exc
         try:
             header, header_bytes = read_header(f, path)
@@ -167,16 +197,27 @@ class SessionReader:
         for _ in self.records(RecordBuffer(self.header.geometry, self.header.block_cells)):
             pass
 
-    def restore_cells(self, storage: KVStorage, chunk_ids: Sequence[int]) -> None:
-        """Streams every record into the cells of `chunk_ids` (position p -> its chunk's cell)."""
+    def restore_cells(self, storage: KVStorage, chunk_ids: Sequence[int],
+                      on_record: Callable[[int], None] | None = None) -> None:
+        """Streams every record into the cells of `chunk_ids` (position p -> its chunk's cell);
+        `on_record(i)` runs after record i is in (what it raises ends the restore). The caller
+        then calls `announce_written` on the engine's thread."""
         buf, parts = RecordBuffer(self.header.geometry, self.header.block_cells), layer_parts(storage)
-        for start, n in self.records(buf):
+        for i, (start, n) in enumerate(self.records(buf)):
             views = buf.views(n)
             for flat, offset, length in cell_runs(chunk_ids, storage.chunk_size, start, n):
                 for dst_layer, src_layer in zip(parts, views):
                     for dst, src in zip(dst_layer, src_layer):
                         dst[:, flat : flat + length].copy_(src[:, offset : offset + length])
-                storage.cells_written(flat, length)
+            if on_record is not None:
+                on_record(i)
+
+
+def announce_written(storage: KVStorage, chunk_ids: Sequence[int], num_cells: int) -> None:
+    """Tells the storage's listeners (the ring) that positions [0, num_cells) of `chunk_ids` were
+    written other than by attention. On the engine's thread."""
+    for flat, _, length in cell_runs(chunk_ids, storage.chunk_size, 0, num_cells):
+        storage.cells_written(flat, length)
 
 
 def check_compatible(header: SessionHeader, path: str, fingerprint: str, geometry: KVGeometry) -> None:

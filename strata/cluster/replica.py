@@ -104,7 +104,8 @@ class StrataReplica:
         fd, path = tempfile.mkstemp(prefix="strata-migrate-", suffix=".session")
         os.close(fd)
         try:  # the idle conversation sharing most with the prompt (a running one cannot be saved)
-            saved = await self.state.loop.call(lambda e: e.save_session(path, token_ids=req.token_ids, idle_only=True))
+            saved = await self.state.loop.session(
+                lambda e: e.begin_save_session(path, token_ids=req.token_ids, idle_only=True))
             with open(path, "rb") as f:
                 return Exported(f.read(), saved.num_cells)
         except StrataError as exc:  # busy (a request extends it), gone, or not ready
@@ -147,7 +148,7 @@ class StrataReplica:
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(exported.data)
-            await self.state.loop.call(lambda e: e.restore_session(path))
+            await self.state.loop.session(lambda e: e.begin_restore_session(path))
         except StrataError as exc:  # no room here either: the prompt is computed
             log.warning("replica %s: could not restore a migrated prefix (%s)", self.replica_id, exc)
             return 0

@@ -66,9 +66,18 @@ class RestorePlan:
         return bool(self.victims) or (self.displaced is not None and not self.holds_parked)
 
 
+@dataclass(frozen=True)
+class Blocked:
+    """The request waits for a session file in flight: it extends a conversation in a lane a
+    session file holds (`lane`), or one being restored (`lane` None)."""
+
+    lane: int | None
+
+
 def pick_lane(lanes: Iterable[Lane]) -> Lane | None:
-    """An empty lane (lowest index) first, else the idle lane used least recently."""
-    lanes = list(lanes)
+    """An empty lane (lowest index) first, else the idle lane used least recently; never a lane
+    a session file in flight holds (its `pinned_by`)."""
+    lanes = [lane for lane in lanes if not lane.is_pinned]
     for lane in lanes:
         if lane.is_empty:
             return lane
@@ -99,8 +108,9 @@ def choose_victims(lanes: Lanes, num_chunks: int, protect: tuple[Conversation, .
     return tuple(chosen)
 
 
-def plan_admission(prompt_ids: list[int], lanes: Lanes) -> AdmissionPlan | NoRoom | None:
-    """None when no lane is free (the request waits).
+def plan_admission(prompt_ids: list[int], lanes: Lanes) -> AdmissionPlan | NoRoom | Blocked | None:
+    """None when no lane is free (the request waits); Blocked when it would extend a conversation
+    in a lane a session file holds (it waits for that one).
 
     The room asked for covers the prompt and the first token it will decode, so an
     admitted request is never ended by the pool before it has produced anything.
@@ -129,10 +139,12 @@ def _plan(
     num_shared: int,
     num_prompt: int,
     lanes: Lanes,
-) -> AdmissionPlan | NoRoom | None:
+) -> AdmissionPlan | NoRoom | Blocked | None:
     cache, layout = lanes.cache, lanes.layout
     if reuse is Reuse.EXTEND and source.lane is not None:
         lane = lanes[source.lane]
+        if lane.is_pinned:
+            return Blocked(lane.index)
     else:
         lane = pick_lane(lanes)
         if lane is None:
@@ -143,8 +155,10 @@ def _plan(
     held = need = freed = 0
     if reuse is Reuse.EXTEND:
         held = len(source.table.chunk_ids)
-        if num_shared < source.num_cells:  # a branch in place: the tail gives way first
-            need = layout.num_chunks_to_truncate(source.table, num_shared)
+        # A branch in place: the tail gives way first. Extending all of it may copy too: its
+        # partial last chunk is shared while a session file in flight holds it (copy-on-write).
+        need = layout.num_chunks_to_truncate(source.table, num_shared)
+        if num_shared < source.num_cells:
             freed = layout.num_freed_by_truncate(source.table, num_shared)
             held = chunks_for(num_shared, layout.chunk_size)
     elif reuse is Reuse.FORK:

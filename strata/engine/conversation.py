@@ -78,6 +78,14 @@ class Lane:
     index: int
     conv: Conversation | None = None  # an idle (parked-in-lane) or active conversation
     seq: Sequence | None = None  # the request being served, if any
+    # The session file in flight that holds this lane (engine/holds.py): a restore into it, or,
+    # where conversations live in their lane's reservation, the save of its conversation. No
+    # request is placed in a pinned lane until the session file is done.
+    pinned_by: int | None = None
+
+    @property
+    def is_pinned(self) -> bool:
+        return self.pinned_by is not None
 
     @property
     def is_empty(self) -> bool:

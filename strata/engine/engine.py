@@ -5,8 +5,8 @@
   `last_admissions` telling which requests the step admitted;
 - views: `info` (fixed once loaded), `snapshot()` (pool, lanes, counters) and `picture()`
   (the Monitor's view of every chunk), `held_conversations()`;
-- lanes and session files: `move`, `park`, `restore`, `erase_lane`, `save_session`,
-  `restore_session`.
+- lanes: `move`, `park`, `restore`, `erase_lane`; session files off the step path:
+  `begin_save_session`, `begin_restore_session` (a SessionJob); `save_session`, `restore_session`.
 
 Its parts (scheduler, layout, K/V storage, ring, runner, model) are private: nothing
 outside `engine/` reaches them (tests/unit/test_seams.py checks it). Not thread-safe: one
@@ -33,6 +33,7 @@ from strata.engine.picture import PoolPicture, take_picture
 from strata.engine.prompt import Prompt, check_prompt
 from strata.engine.request import RequestOutput, RequestState
 from strata.engine.session import SessionFiles, SessionRestored, SessionSaved
+from strata.engine.session_jobs import SessionJob
 from strata.engine.snapshot import EngineSnapshot, take_snapshot
 from strata.errors import ContextLengthExceeded, PoolFullError, RequestError, StepFailed, new_error_id
 from strata.kv.table import chunks_for
@@ -122,8 +123,11 @@ class Engine:
                 return
             if request_id not in self._requests:
                 raise RequestError(f"no open request {request_id!r}")
-            for out in self.step():
+            outputs = self.step()
+            for out in outputs:
                 self._undelivered[out.request_id].append(out)
+            if not outputs and not self._scheduler.seqs:
+                self._sessions.wait_any()  # it waits for a session file in flight: until one ends
 
     @property
     def has_work(self) -> bool:
@@ -137,6 +141,7 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         """Plan, execute, commit. A failure in execute ends the step's requests only."""
         t0 = time.perf_counter()
+        self._sessions.settle()  # session files whose streams ended: visible (or undone) before planning
         plan = self._scheduler.schedule()
         self.last_admissions = plan.admitted
         outputs = self._settle_admissions(plan)
@@ -155,7 +160,9 @@ class Engine:
 
     def run_until_done(self) -> list[RequestOutput]:
         outputs = []
-        while self.has_work:
+        while self.has_work or (self._scheduler.waiting and self._sessions.in_flight):
+            if not self.has_work:  # what waits, waits for a session file in flight
+                self._sessions.wait_any()
             outputs.extend(self.step())
         return outputs
 
@@ -247,18 +254,47 @@ class Engine:
             raise PoolFullError(chunks_for(len(token_ids), pool.chunk_size), pool.num_free, self.retry_after())
         return conv
 
-    # ---- session files ------------------------------------------------------------------
+    # ---- session files (engine/session.py: a worker streams the bytes; steps settle them) -----
+    def begin_save_session(self, path: str, lane: int | None = None, token_ids: Sequence[int] | None = None,
+                           metadata: dict | None = None, idle_only: bool = False,
+                           on_record: Callable[[int], None] | None = None) -> SessionJob:
+        """Starts writing an idle conversation, with JSON `metadata`, to a session file: lane `lane`'s,
+        the one holding the longest prefix of `token_ids`, or (`idle_only`) the idle one sharing most
+        with them. `on_record(i)` runs on the worker after record i."""
+        tokens = None if token_ids is None else list(token_ids)
+        return self._sessions.begin_save(path, lane, tokens, metadata, idle_only, on_record)
+
+    def begin_restore_session(self, path: str, lane: int | None = None,
+                              on_record: Callable[[int], None] | None = None) -> SessionJob:
+        """Starts holding a session file's conversation again, idle; all or nothing."""
+        return self._sessions.begin_restore(path, lane, on_record)
+
     def save_session(self, path: str, lane: int | None = None, token_ids: Sequence[int] | None = None,
                      metadata: dict | None = None, idle_only: bool = False) -> SessionSaved:
-        """Writes an idle conversation, with JSON `metadata`, to a session file: lane `lane`'s, the
-        one holding the longest prefix of `token_ids`, or (`idle_only`) the idle one sharing most
-        with them (engine/session.py)."""
-        return self._sessions.save(path, lane, None if token_ids is None else list(token_ids), metadata, idle_only)
+        """`begin_save_session`, then waits for it."""
+        return self._sessions.wait(self.begin_save_session(path, lane, token_ids, metadata, idle_only))
 
     def restore_session(self, path: str, lane: int | None = None) -> SessionRestored:
-        """Holds a session file's conversation again, idle; all or nothing (engine/session.py)."""
-        return self._sessions.restore(path, lane)
+        """`begin_restore_session`, then waits for it."""
+        return self._sessions.wait(self.begin_restore_session(path, lane))
+
+    def settle_sessions(self) -> int:
+        """Ends the session files whose streams are done (each step does too); how many ended."""
+        return self._sessions.settle()
+
+    def add_session_listener(self, listener: Callable[[], None]) -> None:
+        """`listener()` runs on the worker thread each time a session file's stream ends (then
+        `settle_sessions` on the engine's thread ends it)."""
+        self._sessions.worker.listeners.append(listener)
+
+    def close_sessions(self) -> None:
+        """Waits for every session file in flight and settles it (shutting down)."""
+        self._sessions.close()
+
+    def abandon_sessions(self, error: BaseException) -> None:
+        """Ends every session file in flight with `error`, settling nothing (the engine failed)."""
+        self._sessions.abandon(error)
 
     def erase_lane(self, lane: int) -> int:
-        """Drops lane `lane`'s idle conversation; returns the cells it held."""
+        """Drops lane `lane`'s idle conversation (and a restore into it); returns the cells it held."""
         return self._sessions.erase(lane)

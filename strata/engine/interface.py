@@ -9,6 +9,7 @@ from strata.engine.picture import LanePicture, ParkedPicture, PoolPicture
 from strata.engine.prompt import Prompt, check_prompt
 from strata.engine.request import RequestOutput, Timings
 from strata.engine.session import SessionRestored, SessionSaved
+from strata.engine.session_jobs import SessionJob
 from strata.engine.snapshot import EngineSnapshot, LaneView
 from strata.engine.stats import PoolCounters, PoolStats
 
@@ -25,6 +26,7 @@ __all__ = [
     "PoolStats",
     "Prompt",
     "RequestOutput",
+    "SessionJob",
     "SessionRestored",
     "SessionSaved",
     "Timings",

@@ -6,8 +6,10 @@
 - every held conversation has exactly one cell per listed token, within its table;
 - lanes and conversations point at each other consistently; a busy lane's sequence
   extends the lane's conversation;
-- pooled: a chunk's refcount equals the number of tables holding it, and the chunk an
-  active conversation writes next is never shared; reserved: no chunk is in two tables.
+- pooled: a chunk's refcount equals the number of tables holding it, a session file's in
+  flight included (a chunk a save or a restore holds counts as held), and the chunk an
+  active conversation writes next is never shared; reserved: no chunk is in two tables;
+- session files in flight pin exactly the lanes they name (engine/holds.py).
 """
 
 from __future__ import annotations
@@ -15,16 +17,25 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from strata.engine.conversation import Sequence as Seq
+from strata.engine.holds import SessionHolds
 from strata.engine.lanes import Lanes
 from strata.kv.table import is_writable
 
 
-def check_invariants(lanes: Lanes, seqs: Mapping[str, Seq]) -> None:
+def check_invariants(lanes: Lanes, seqs: Mapping[str, Seq], holds: SessionHolds | None = None) -> None:
     layout, cache = lanes.layout, lanes.cache
     pool = layout.pool
     pool.check()
     cache.check()  # the prefix index agrees with the conversations
     refs: dict[int, int] = {}
+    if holds is not None:
+        holds.check()
+        if layout.shares_chunks:
+            for table in holds.tables():
+                for i in table.chunk_ids:
+                    refs[i] = refs.get(i, 0) + 1
+    else:
+        assert not any(lane.is_pinned for lane in lanes), "a lane is pinned with no session file in flight"
     for conv in cache:
         assert len(conv.token_ids) == conv.num_cells, (conv.conv_id, len(conv.token_ids), conv.num_cells)
         assert conv.num_cells <= conv.table.cell_capacity(pool.chunk_size)

@@ -87,6 +87,8 @@ class Lanes:
             raise ValueError(f"lane {src_lane} holds no idle conversation")
         if dst.is_busy:
             raise ValueError(f"lane {dst_lane} is busy")
+        if src.is_pinned or dst.is_pinned:
+            raise ValueError(f"lane {src_lane if src.is_pinned else dst_lane} is held by a session file in flight")
         if src_lane == dst_lane:
             return []  # already there (displacing dst would take the conversation itself out)
         if dst.conv is not None:

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from strata.engine.conversation import Conversation, Lane
 from strata.engine.scheduler import Scheduler
 
-FREE, ACTIVE, PARKED, RESERVED = 0, 1, 2, 3  # chunk_state values (RESERVED: a lane's empty reservation)
+# chunk_state values (RESERVED: a lane's empty reservation; SESSION: held only by a session file in flight)
+FREE, ACTIVE, PARKED, RESERVED, SESSION = 0, 1, 2, 3, 4
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,10 @@ def take_picture(scheduler: Scheduler, max_context: int, step: int) -> PoolPictu
     owner, holders, filled, state = [0] * n, [0] * n, [0] * n, [FREE] * n
     for chunk_id in layout.reserved_chunks():  # every lane's reservation is held, written or not
         state[chunk_id] = RESERVED
+    if layout.shares_chunks:
+        for table in scheduler.holds.tables():  # a save's snapshot, a restore's room
+            for chunk_id in table.chunk_ids:
+                state[chunk_id] = SESSION
     for conv in convs:
         for position, chunk_id in enumerate(conv.table.chunk_ids):
             filled[chunk_id] = max(filled[chunk_id], _filled(conv, position, size))

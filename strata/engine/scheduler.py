@@ -20,6 +20,7 @@ from collections import deque
 
 from strata.engine.admission import (
     AdmissionPlan,
+    Blocked,
     NoRoom,
     Reuse,
     choose_victims,
@@ -29,6 +30,7 @@ from strata.drafting.planner import DraftPlanner
 from strata.engine.cache import ConversationCache
 from strata.engine.conversation import Conversation, Sequence
 from strata.engine.dedup import adopt_identical_chunks
+from strata.engine.holds import SessionHolds
 from strata.engine.invariants import check_invariants
 from strata.engine.lanes import Lanes
 from strata.engine.stats import PoolCounters, PoolStats, pool_stats
@@ -47,6 +49,7 @@ class Scheduler:
         self.cache = ConversationCache()
         self.counters = PoolCounters()
         self.lanes = Lanes(num_lanes, layout, self.cache, self.counters, max_context)
+        self.holds = SessionHolds(self.lanes)  # session files in flight (engine/holds.py)
         self.max_context = max_context
         self.prefill_chunk = prefill_chunk
         self.prefill_alone = prefill_alone
@@ -54,6 +57,9 @@ class Scheduler:
         self.waiting: deque[tuple[str, list[int], int]] = deque()  # (request id, prompt, target cells)
         self.seqs: dict[str, Sequence] = {}
         self._num_admitted = 0
+        # Waiting requests the last plan left waiting for a session file in flight (a restore
+        # they extend, or a lane it holds); `unblock` when one ends.
+        self._blocked: frozenset[str] = frozenset()
 
     # ---- requests in and out -------------------------------------------------------
     def add(self, request_id: str, prompt_ids: list[int], max_new: int | None = None) -> None:
@@ -146,12 +152,22 @@ class Scheduler:
         # Decoding lanes grow first: a new request is refused (or waits) before it can take
         # the room a running lane needs this step and end it (DESIGN.md: pool full order).
         truncated = self._grow_decoding()
+        kept: deque[tuple[str, list[int], int]] = deque()
+        blocked: list[str] = []
         while self.waiting:
-            request_id, prompt_ids, target_cells = self.waiting[0]
-            plan = plan_admission(prompt_ids, self.lanes)
+            item = self.waiting.popleft()
+            request_id, prompt_ids, target_cells = item
+            if self.holds.waits_for_restore(prompt_ids):
+                plan = Blocked(None)
+            else:
+                plan = plan_admission(prompt_ids, self.lanes)
             if plan is None:
+                kept.append(item)
                 break  # every lane is busy: wait
-            self.waiting.popleft()
+            if isinstance(plan, Blocked):
+                kept.append(item)  # it waits for a session file; requests behind it go on
+                blocked.append(request_id)
+                continue
             if isinstance(plan, NoRoom):
                 self.counters.num_refusals += 1
                 refused.append(Refusal(request_id, plan.num_chunks_needed, plan.num_chunks_free))
@@ -159,6 +175,9 @@ class Scheduler:
             admission_copies = self._admit(request_id, prompt_ids, plan, target_cells)
             copies += admission_copies
             admitted.append(Admission(request_id, plan.lane, plan.num_cached, bool(admission_copies)))
+        kept.extend(self.waiting)
+        self.waiting = kept
+        self._blocked = frozenset(blocked)
         if self.drafts is not None:  # optional work: after admissions, from free chunks only
             self.drafts.plan(self.seqs.values())
         work = build_work(self.seqs.values(), self.prefill_chunk, self.prefill_alone, self.drafts)
@@ -177,7 +196,9 @@ class Scheduler:
             conv = source
             if conv.lane != lane.index:
                 copies += self.lanes.place(conv, lane.index)
-            if plan.num_cached < conv.num_cells:
+            # A branch in place; or the partial last chunk is shared with a save in flight, and
+            # the conversation writes into a private copy of it (engine/holds.py).
+            if plan.num_cached < conv.num_cells or self.layout.num_chunks_to_truncate(conv.table, plan.num_cached):
                 copies += self.layout.truncate(conv.table, plan.num_cached)
                 self.cache.cut(conv, plan.num_cached)
         elif plan.reuse is Reuse.FORK:
@@ -249,11 +270,16 @@ class Scheduler:
     # ---- views ----------------------------------------------------------------------
     @property
     def has_work(self) -> bool:
-        return bool(self.seqs) or bool(self.waiting)
+        """A request is running, or one waits that is not waiting for a session file."""
+        return bool(self.seqs) or any(item[0] not in self._blocked for item in self.waiting)
+
+    def unblock(self) -> None:
+        """A session file ended: the requests waiting for one are planned again next step."""
+        self._blocked = frozenset()
 
     def stats(self) -> PoolStats:
-        return pool_stats(self.lanes)
+        return pool_stats(self.lanes, self.holds)
 
     def check(self) -> None:
         """Every invariant of lanes, conversations and the pool (tests call it after each step)."""
-        check_invariants(self.lanes, self.seqs)
+        check_invariants(self.lanes, self.seqs, self.holds)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from strata.engine.holds import SessionHolds
     from strata.engine.lanes import Lanes
 
 
@@ -37,10 +38,14 @@ class PoolStats:
     num_chunks_shared: int = 0  # held by more than one conversation (a shared prefix), counted once
     num_cells_saved: int = 0  # cells sharing saves: (holders - 1) x chunk size, summed over shared chunks
     shared_chunks_per_lane: tuple[int, ...] = ()  # of each lane's chunks, the shared ones
+    num_chunks_session: int = 0  # held only by session files in flight (a save's snapshot, a restore's room)
+    num_sessions: int = 0  # session files in flight: saves and restores
 
 
-def pool_stats(lanes: Lanes) -> PoolStats:
+def pool_stats(lanes: Lanes, holds: SessionHolds | None = None) -> PoolStats:
     layout, cache = lanes.layout, lanes.cache
+    in_convs = {i for c in cache for i in c.table.chunk_ids}
+    session = {i for t in holds.tables() for i in t.chunk_ids} - in_convs if holds is not None else set()
     active = {i for c in cache if c.is_active for i in c.table.chunk_ids}
     holders = Counter(i for c in cache for i in c.table.chunk_ids) if layout.shares_chunks else Counter()
     shared = {i: n for i, n in holders.items() if n > 1}
@@ -61,4 +66,6 @@ def pool_stats(lanes: Lanes) -> PoolStats:
         shared_chunks_per_lane=tuple(
             sum(1 for i in lane.conv.table.chunk_ids if i in shared) if lane.conv else 0 for lane in lanes
         ),
+        num_chunks_session=len(session) if layout.shares_chunks else 0,
+        num_sessions=len(holds) if holds is not None else 0,
     )

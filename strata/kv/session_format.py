@@ -76,7 +76,9 @@ class SessionHeader:
 
     def encode(self) -> bytes:
         """The prefix, the JSON header and its CRC: everything before the first record."""
-        fields = asdict(self)
+        # The fields by hand, in asdict's order: asdict deep-copies every token id (slow on long files).
+        fields = {"fingerprint": self.fingerprint, "geometry": asdict(self.geometry), "block_cells": self.block_cells,
+                  "token_ids": self.token_ids, "checkpoints": self.checkpoints, "metadata": self.metadata}
         if not self.metadata:
             del fields["metadata"]
         body = json.dumps(fields, separators=(",", ":")).encode()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -12,13 +13,16 @@ from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
 from strata import __version__
+from strata.config import heap_trim_seconds
 from strata.engine.interface import Engine
+from strata.kv.session_disk import remove_leftovers
 from strata.server import requests
 from strata.server.anthropic.errors import AnthropicErrors
 from strata.server.anthropic.routes import router as anthropic_router
 from strata.server.connections import LimitConnections
 from strata.server.engine_loop import EngineLoop
 from strata.server.errors import install_handlers
+from strata.server.heap import HeapTrim
 from strata.server.hosts import HostPolicy
 from strata.server.metrics import ServerMetrics
 from strata.server.monitor.routes import router as monitor_router
@@ -55,7 +59,8 @@ def create_app(
 ) -> FastAPI:
     """`load_engine` runs on the engine thread when the app starts; /health is 503 until it returns."""
     metrics = ServerMetrics()
-    loop = EngineLoop(load_engine, model_id, metrics, settings.max_waiting, on_load_error)
+    loop = EngineLoop(load_engine, model_id, metrics, settings.max_waiting, on_load_error,
+                      HeapTrim(heap_trim_seconds(os.environ)))
     metrics.add_pool(lambda: loop.snapshot)
     state = ServerState(
         settings=settings, loop=loop, metrics=metrics, model_id=model_id, created=int(time.time())
@@ -63,6 +68,8 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if settings.slot_save_path is not None:  # what a save killed mid-file left (kv/session_disk.py)
+            remove_leftovers(settings.slot_save_path)
         loop.start(asyncio.get_running_loop())
         try:
             yield

@@ -40,10 +40,6 @@ SERVE_DEFAULT_PREFILL_CHUNK = 96
 # A lone prompt (no lane decoding, so no decode gap to protect) is read in pieces this big:
 # one step for most prompts, as a single-request server would.
 SERVE_DEFAULT_PREFILL_ALONE = 2048
-# uvicorn's own limit (open connections, idle keep-alive ones included, or tasks) is this
-# many times --max-connections: a backstop that answers a bare 503 only when clients hold
-# far more connections open than the server works on.
-UVICORN_LIMIT_FACTOR = 2
 
 
 def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -186,6 +182,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from strata.engine.interface import Engine
     from strata.server.app import create_app
+    from strata.server.listener import raise_fd_limit, uvicorn_config
 
     config = engine_config(args)  # a bad engine flag fails here, before the port opens
     sock = inherited_socket(args.fd) if args.fd is not None else None
@@ -208,15 +205,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     app = create_app(
         settings, lambda: Engine(config, progress=sys.stderr.isatty()), name, on_load_error
     )
+    fd_limit = raise_fd_limit()
     server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host=settings.host,
-            port=settings.port,
-            log_level="info" if args.verbose else "warning",
-            timeout_graceful_shutdown=5,
-            limit_concurrency=settings.max_connections * UVICORN_LIMIT_FACTOR,
-        )
+        uvicorn_config(app, settings, log_level="info" if args.verbose else "warning", fd_limit=fd_limit)
     )
     app.state.strata_stopping = lambda: server.should_exit  # open monitor feeds end at once
     print(

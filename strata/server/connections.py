@@ -4,8 +4,9 @@ A request is in flight from its first byte until its response has ended; a strea
 until its last event. An HTTP/1.1 connection carries one request at a time, so this also
 bounds the connections doing work, and with them the request bodies being buffered
 (each at most --max-body-bytes). Idle keep-alive connections hold nothing and do not
-count; uvicorn's own `limit_concurrency`, set above this limit by `strata serve`, bounds
-them as a backstop (it answers a bare 503 text, this answers in the API's error shape).
+count. Every request over the limit gets this answer, however many arrive at once: the
+only bound before it is the listener's cap on open connections (`listener.py`), far above.
+A refusal closes its connection (`Connection: close`), so a flood gives its sockets back.
 
 /health and /metrics are not counted: they hold no body and no engine request, and an
 overloaded server must look overloaded to its monitoring, not dead.
@@ -31,7 +32,9 @@ class LimitConnections:
         if scope["type"] != "http" or scope["path"] in UNCOUNTED_PATHS:
             return await self.app(scope, receive, send)
         if self.in_flight >= self.limit:
-            return await error_response(TooManyConnections(self.limit))(scope, receive, send)
+            response = error_response(TooManyConnections(self.limit))
+            response.headers["Connection"] = "close"
+            return await response(scope, receive, send)
         self.in_flight += 1
         try:
             await self.app(scope, receive, send)

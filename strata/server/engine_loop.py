@@ -11,6 +11,8 @@ Invariants:
 - Closing a handle before its final event sends `Cancel`: the engine aborts the request
   before its next step, and the request's chunks go back to the pool.
 - Before the final event, `Admitted` comes first once the request holds a lane.
+- Every `call` ends: resolved by the engine thread, or failed when it stops or has stopped.
+  A session file's worker wakes the engine thread when it ends, to be settled between steps.
 """
 
 from __future__ import annotations
@@ -25,12 +27,13 @@ import time
 import uuid
 from collections.abc import Callable
 
-from strata.engine.interface import Engine, EngineSnapshot, Prompt, RequestOutput
+from strata.engine.interface import Engine, EngineSnapshot, Prompt, RequestOutput, SessionJob
 from strata.errors import QueueFullError, StrataError
 from strata.sampling import SamplingParams
 from strata.server.engine_commands import STOP, WAKE, Add, Call, Cancel
 from strata.server.errors import NotReady, ServerError
 from strata.server.handle import Admitted, Event, Failed, RequestHandle, is_final
+from strata.server.heap import HeapTrim
 from strata.server.incidents import incident_id
 from strata.server.metrics import ServerMetrics
 from strata.server.monitor.watch import PoolWatch
@@ -40,19 +43,14 @@ log = logging.getLogger("strata.server")
 
 
 class EngineLoop:
-    def __init__(
-        self,
-        load: Callable[[], Engine],
-        model_id: str,
-        metrics: ServerMetrics,
-        max_waiting: int,
-        on_load_error: Callable[[BaseException], None] | None = None,
-    ):
+    def __init__(self, load: Callable[[], Engine], model_id: str, metrics: ServerMetrics, max_waiting: int,
+                 on_load_error: Callable[[BaseException], None] | None = None, heap: HeapTrim | None = None):
         self._load = load
         self._model_id = model_id
         self._metrics = metrics
         self._max_waiting = max_waiting
         self._on_load_error = on_load_error
+        self._heap = heap or HeapTrim(None)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._aloop: asyncio.AbstractEventLoop | None = None
@@ -91,11 +89,8 @@ class EngineLoop:
             # A StrataError says what to fix (a missing file, a bad flag); any other
             # exception's text stays in the log, which already has it.
             why = self.load_error if isinstance(self.load_error, StrataError) else None
-            raise NotReady(
-                f"the model failed to load: {why or 'see the server log'}",
-                code="model_load_failed",
-                retry_after=60,
-            )
+            raise NotReady(f"the model failed to load: {why or 'see the server log'}", code="model_load_failed",
+                           retry_after=60)
         raise NotReady("the server is shutting down", code="shutting_down")
 
     def check_capacity(self) -> None:
@@ -120,14 +115,26 @@ class EngineLoop:
         return handle
 
     async def call(self, fn: Callable[[Engine], object]) -> object:
-        """`fn(engine)` on the engine thread between two steps (session files); raises what it raises."""
+        """`fn(engine)` on the engine thread between two steps; raises what it raises."""
         self.check_ready()
         future: concurrent.futures.Future = concurrent.futures.Future()
         self._inbox.put(Call(fn, future))
+        if self._thread is None or not self._thread.is_alive():
+            self._fail_calls(NotReady("the server is shutting down", code="shutting_down"))
         return await asyncio.wrap_future(future)
 
-    def wake(self) -> None:
-        """The engine thread observes once even if it has no work (a monitor just opened)."""
+    async def session(self, begin: Callable[[Engine], SessionJob]) -> object:
+        """A session file's save or restore: `begin(engine)` on the engine thread, then its result
+        once the worker has streamed it (the other lanes step meanwhile)."""
+        job = await self.call(begin)
+        return await asyncio.wrap_future(job.result)
+
+    def _fail_calls(self, error: Exception) -> None:  # the engine thread is gone: the inbox is dropped
+        for command in self._drain(block=False):
+            if isinstance(command, Call) and not command.future.done():
+                command.future.set_exception(error)
+
+    def wake(self) -> None:  # the engine thread observes once even without work (a monitor, a session file)
         self._inbox.put(WAKE)
 
     def close(self, handle: RequestHandle) -> None:
@@ -150,8 +157,7 @@ class EngineLoop:
                 self._forget(handle)
             handle.put(event)
 
-    def _fail_open(self, error: Exception) -> None:
-        """The engine thread has ended (state is no longer "ready", so nothing new arrives)."""
+    def _fail_open(self, error: Exception) -> None:  # the engine thread has ended: nothing new arrives
         self._deliver([(request_id, Failed(error)) for request_id in list(self._handles)])
 
     # ---- engine thread --------------------------------------------------------------------
@@ -169,6 +175,7 @@ class EngineLoop:
         self.info = ModelInfo(self._model_id, info.tokenizer, info.max_context, info.vocab_size, info.fingerprint)
         self.num_lanes = info.num_lanes
         self.snapshot = engine.snapshot()
+        engine.add_session_listener(self.wake)  # a session file's stream ended: settle it
         self.state = "ready"
         try:
             self._serve(engine)
@@ -177,6 +184,8 @@ class EngineLoop:
             error = ServerError("the engine loop stopped")
             error.__cause__ = exc
             incident_id(error, "the engine loop, which stopped: every open request ends")
+            engine.abandon_sessions(error)
+            self._fail_calls(error)
             self._post([(request_id, Failed(error)) for request_id in self._accepted(engine)], error)
 
     def _serve(self, engine: Engine) -> None:
@@ -189,20 +198,20 @@ class EngineLoop:
                     return
                 if command is not WAKE:
                     batch += self._apply(engine, command)
+            engine.settle_sessions()
             if engine.has_work:
                 batch += self._step(engine)
             self.snapshot = engine.snapshot()
             self.pool_watch.observe(engine.picture)
             if batch:
                 self._post(batch)
+            self._heap.between_steps()
 
     def _drain(self, block: bool) -> list:
         commands = [self._inbox.get()] if block else []
-        while True:
-            try:
-                commands.append(self._inbox.get_nowait())
-            except queue.Empty:
-                return commands
+        while not self._inbox.empty():
+            commands.append(self._inbox.get_nowait())
+        return commands
 
     def _apply(self, engine: Engine, command: Add | Cancel | Call) -> list[tuple[str, Event]]:
         if isinstance(command, Call):
@@ -221,9 +230,8 @@ class EngineLoop:
             engine.submit(command.prompt, command.params, request_id, arrival=command.arrival)
         except StrataError as exc:
             return [(request_id, Failed(exc))]
-        except Exception as exc:
+        except Exception as exc:  # the client gets an incident id; the log gets the cause under it
             log.exception("submit failed")
-            # The client gets an incident id; the log gets the cause under it.
             error = ServerError("the engine could not take the request")
             error.__cause__ = exc
             return [(request_id, Failed(error))]
@@ -245,15 +253,8 @@ class EngineLoop:
         return batch
 
     def _observe(self, out: RequestOutput) -> None:
-        m = self._metrics
-        if out.new_token_ids:
-            m.generation_tokens.inc(len(out.new_token_ids))
-            if out.latency_s is not None:  # the first token's: since arrival (TTFT); else since the last
-                (m.ttft if out.num_output_tokens == len(out.new_token_ids) else m.itl).observe(out.latency_s)
+        self._metrics.observe(out)
         if out.finished:
-            m.finished.labels(out.finish_reason or "unknown").inc()
-            if out.error is None:
-                m.prompt_tokens.inc(out.num_prompt_tokens)
             self._open.discard(out.request_id)
 
     def _fail_all(self, engine: Engine, error: ServerError) -> list[tuple[str, Event]]:
@@ -269,8 +270,7 @@ class EngineLoop:
         return batch
 
     def _accepted(self, engine: Engine) -> list[str]:
-        """Every request this loop took and has not ended: in the engine, or ended by a
-        step whose events were lost because the step failed."""
+        """Every request this loop took and has not ended (in the engine, or lost in a failed step)."""
         return list(dict.fromkeys([*engine.open_requests(), *self._open]))
 
     def _shutdown(self, engine: Engine, batch: list[tuple[str, Event]], unread: list) -> None:
@@ -281,9 +281,10 @@ class EngineLoop:
             engine.cancel(request_id)
             batch.append((request_id, Failed(error)))
         batch += [(c.request_id, Failed(error)) for c in unread if isinstance(c, Add)]
-        for c in unread:
-            if isinstance(c, Call):
-                c.future.set_exception(error)
+        for c in (c for c in unread if isinstance(c, Call)):
+            c.future.set_exception(error)
+        engine.close_sessions()  # the files in flight complete (or are removed), their callers hear
+        self._fail_calls(error)
         self.snapshot = engine.snapshot()
         self._post(batch, error)
 

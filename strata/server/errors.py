@@ -9,8 +9,9 @@ the `type` and the `Retry-After` header always agree:
 | AuthError | 401 | invalid_request_error (code invalid_api_key) |
 | OriginNotAllowed | 403 | invalid_request_error |
 | ModelNotFound, unknown path | 404 | invalid_request_error / not_found_error |
-| LaneBusy (a slot serving a request) | 409 | invalid_request_error (code slot_busy) |
+| LaneBusy (a slot serving a request), RestoreCancelled (its slot erased) | 409 | invalid_request_error |
 | SlotFilesOff (no --slot-save-path) | 403 | invalid_request_error (code not_supported) |
+| StoragePermission / StorageReadOnly, StorageMissing / StorageFull (session files) | 403 / 409 / 507 | storage_error |
 | BodyTooLarge | 413 | invalid_request_error |
 | UnsupportedMediaType | 415 | invalid_request_error |
 | PoolFullError, QueueFullError, NotReady, TooManyConnections | 503 | unavailable_error |
@@ -31,7 +32,20 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from strata.errors import LaneBusy, PoolFullError, SlotFilesOff, QueueFullError, RequestError, StepFailed, StrataError
+from strata.errors import (
+    LaneBusy,
+    PoolFullError,
+    QueueFullError,
+    RequestError,
+    RestoreCancelled,
+    SlotFilesOff,
+    StepFailed,
+    StorageFull,
+    StorageMissing,
+    StoragePermission,
+    StorageReadOnly,
+    StrataError,
+)
 from strata.server.incidents import incident_id
 from strata.server.validation import shorten, validation_message
 
@@ -130,8 +144,13 @@ HTTP_STATUS: dict[type[BaseException], int] = {
     OriginNotAllowed: 403,
     ModelNotFound: 404,
     LaneBusy: 409,
+    RestoreCancelled: 409,
+    StoragePermission: 403,
+    StorageReadOnly: 409,
+    StorageMissing: 409,
     BodyTooLarge: 413,
     UnsupportedMediaType: 415,
+    StorageFull: 507,
     PoolFullError: 503,
     QueueFullError: 503,
     NotReady: 503,
@@ -168,7 +187,7 @@ def error_body(exc: BaseException) -> dict[str, Any]:
             "code": "internal_error",
             "id": error_id,
         }
-    kind = "unavailable_error" if status == 503 else "invalid_request_error"
+    kind = getattr(exc, "error_type", None) or ("unavailable_error" if status == 503 else "invalid_request_error")
     body: dict[str, Any] = {
         "message": str(exc),
         "type": kind,

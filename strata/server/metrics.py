@@ -14,7 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from strata.server.kv_metrics import ring_metrics, spec_metrics
-from strata.engine.interface import EngineSnapshot
+from strata.engine.interface import EngineSnapshot, RequestOutput
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 ITL_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
@@ -33,13 +33,14 @@ class PoolCollector(Collector):
         pool, counters = snap.pool, snap.counters
         by_state = {
             "total": pool.num_chunks_total,
-            "held": pool.num_chunks_held,  # = active + parked
+            "held": pool.num_chunks_held,  # = active + parked + session
             "free": pool.num_chunks_free,
             "active": snap.num_chunks_active,  # in tables of running requests
             "parked": pool.num_chunks_parked,  # held only by idle conversations
+            "session": pool.num_chunks_session,  # held only by session files in flight (saves, restores)
         }
         chunks = GaugeMetricFamily(
-            "strata_kv_chunks", "KV pool chunks by state (held = active + parked)", labels=["state"]
+            "strata_kv_chunks", "KV pool chunks by state (held = active + parked + session)", labels=["state"]
         )
         cells = GaugeMetricFamily(
             "strata_kv_cells",
@@ -52,6 +53,8 @@ class PoolCollector(Collector):
         yield chunks
         yield cells
         yield GaugeMetricFamily("strata_kv_chunk_cells", "cells per chunk", value=pool.chunk_size)
+        yield GaugeMetricFamily("strata_sessions_in_flight", "session files being saved or restored",
+                                value=pool.num_sessions)
         yield GaugeMetricFamily(
             "strata_kv_bytes_per_cell",
             "K/V bytes of one position, all layers",
@@ -159,6 +162,19 @@ class ServerMetrics:
             buckets=ITL_BUCKETS,
             registry=r,
         )
+
+    def observe(self, out: RequestOutput) -> None:
+        """One output of the engine: tokens, latencies (the first token's since arrival: TTFT),
+        and the finish reason."""
+        if out.new_token_ids:
+            self.generation_tokens.inc(len(out.new_token_ids))
+            if out.latency_s is not None:
+                first = out.num_output_tokens == len(out.new_token_ids)
+                (self.ttft if first else self.itl).observe(out.latency_s)
+        if out.finished:
+            self.finished.labels(out.finish_reason or "unknown").inc()
+            if out.error is None:
+                self.prompt_tokens.inc(out.num_prompt_tokens)
 
     def add_pool(self, snapshot: Callable[[], EngineSnapshot | None]) -> None:
         """Export the pool, read from `snapshot()` at each scrape."""

@@ -5,8 +5,12 @@ else: a name with a path separator, a NUL, `..`, a leading dot (the save's tempo
 files), an absolute path, more than NAME_MAX (255) bytes, or a symlink whose target
 leaves the directory is a 400 `invalid_filename` before anything is read or written.
 Without `--slot-save-path`, save and restore answer 403 `not_supported` (llama.cpp says
-501; a 5xx would read as the server's fault). The action runs on the engine
-thread between steps; a lane serving a request is a 409 `slot_busy`. Responses carry
+501; a 5xx would read as the server's fault). Save and restore stream on a worker thread
+while the other lanes decode (engine/session.py); a lane serving a request, or held by
+another session file in flight, is a 409 `slot_busy`; an erase wins over a restore in
+flight into its slot (the restore answers 409 `restore_cancelled`). The storage's errors
+are named: no space 507 `insufficient_storage`, no permission 403 `permission_denied`, a
+read-only filesystem 409 `read_only_storage`, a vanished directory 409 `directory_missing`. Responses carry
 llama.cpp's fields: `id_slot`, `filename`, `n_saved`/`n_written` or `n_restored`/`n_read`,
 `timings` (`save_ms`/`restore_ms`); erase answers `id_slot` and `n_erased`.
 """
@@ -55,8 +59,11 @@ slots_router = APIRouter()
 
 SLOT_ERRORS = {
     **ERRORS,
-    403: {"model": ErrorResponse, "description": "--slot-save-path is not set, or a web origin not allowed"},
-    409: {"model": ErrorResponse, "description": "the slot is serving a request (slot_busy)"},
+    403: {"model": ErrorResponse, "description": "--slot-save-path is not set, a web origin not allowed, or the "
+                                                "directory not writable (permission_denied)"},
+    409: {"model": ErrorResponse, "description": "the slot is serving a request or held by a session file "
+                                                "(slot_busy), or the directory is read-only or gone"},
+    507: {"model": ErrorResponse, "description": "no space left for the file (insufficient_storage)"},
 }
 
 
@@ -76,9 +83,9 @@ async def slot_action(
     filename = body.filename if body is not None else None
     path = confined_path(directory, filename)
     if action == "save":
-        saved = await loop.call(lambda engine: engine.save_session(path, lane=id_slot))
+        saved = await loop.session(lambda engine: engine.begin_save_session(path, lane=id_slot))
         return {"id_slot": id_slot, "filename": filename, "n_saved": saved.num_cells,
                 "n_written": saved.num_bytes, "timings": {"save_ms": saved.seconds * 1e3}}
-    restored = await loop.call(lambda engine: engine.restore_session(path, lane=id_slot))
+    restored = await loop.session(lambda engine: engine.begin_restore_session(path, lane=id_slot))
     return {"id_slot": id_slot, "filename": filename, "n_restored": restored.num_cells,
             "n_read": restored.num_bytes, "timings": {"restore_ms": restored.seconds * 1e3}}

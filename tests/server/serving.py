@@ -15,6 +15,7 @@ import uvicorn
 
 from strata.config import EngineConfig
 from strata.server.app import create_app
+from strata.server.listener import uvicorn_config
 from strata.server.settings import ServerSettings
 from step_gate import StepGate
 
@@ -117,14 +118,15 @@ def pool_view(m: dict[str, float]) -> dict[str, float]:
 
 
 def start_server(
-    settings: ServerSettings, load_engine, model_id: str = "smol", wait_ready: bool = True
+    settings: ServerSettings, load_engine, model_id: str = "smol", wait_ready: bool = True,
+    fd_limit: int | None = None,
 ) -> RunningServer:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     app = create_app(settings, load_engine, model_id)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
+    server = uvicorn.Server(uvicorn_config(app, settings, timeout_graceful_shutdown=2, fd_limit=fd_limit))  # as `strata serve`
     app.state.strata_stopping = lambda: server.should_exit  # as `strata serve` does
     thread = threading.Thread(
         target=server.run, kwargs={"sockets": [sock]}, name=f"uvicorn-{port}", daemon=True

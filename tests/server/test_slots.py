@@ -133,3 +133,46 @@ def wait_healthy(base: str, proc: subprocess.Popen, timeout_s: float = 300) -> N
             pass
         time.sleep(0.2)
     raise AssertionError("the second server did not become healthy")
+
+
+def test_storage_errors_are_named_with_the_path_and_the_bytes(slot_server, slot_dir, monkeypatch):
+    """A full disk is a 507, no permission a 403, a directory gone a 409: in the error shape, with
+    the file's path and size in the message, and nothing written (tests/model/test_session_storage.py
+    has every cause for real; here the HTTP side of each)."""
+    import errno
+
+    from strata.kv import session_disk
+
+    complete(slot_server.base_url, PROMPT, 4)
+    size = post(slot_server.base_url, 0, "save", {"filename": "size.bin"}).json()["n_written"]
+    os.unlink(slot_dir / "size.bin")
+    before = sorted(os.listdir(slot_dir))
+
+    def error_of(status: int, code: str) -> dict:
+        r = post(slot_server.base_url, 0, "save", {"filename": "full.bin"})
+        assert r.status_code == status, r.text
+        error = r.json()["error"]
+        assert error["code"] == code and error["type"] == "storage_error", error
+        assert "full.bin" in error["message"] and f"{size:,} bytes" in error["message"], error
+        assert sorted(os.listdir(slot_dir)) == before
+        return error
+
+    monkeypatch.setattr(session_disk, "free_bytes", lambda d: 1000)
+    assert "1,000 are free" in error_of(507, "insufficient_storage")["message"]
+    monkeypatch.undo()
+
+    def denied(*args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied")
+    monkeypatch.setattr(session_disk.tempfile, "mkstemp", denied)
+    error_of(403, "permission_denied")
+    monkeypatch.undo()
+
+    moved = slot_dir.parent / (slot_dir.name + "-moved")
+    os.rename(slot_dir, moved)
+    try:
+        r = post(slot_server.base_url, 0, "save", {"filename": "full.bin"})
+        assert r.status_code == 409 and r.json()["error"]["code"] == "directory_missing", r.text
+    finally:
+        os.rename(moved, slot_dir)
+    assert post(slot_server.base_url, 0, "save", {"filename": "ok.bin"}).status_code == 200
+    os.unlink(slot_dir / "ok.bin")

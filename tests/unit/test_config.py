@@ -210,3 +210,15 @@ def test_memory_guard_refuses_when_the_plan_exceeds_memory():
 def test_spec_flags_are_checked(kwargs, flag):
     with pytest.raises(ConfigError, match=flag):
         EngineConfig(**kwargs)
+
+
+def test_heap_trim_seconds():
+    from strata.config import DEFAULT_HEAP_TRIM_S, heap_trim_seconds
+
+    assert heap_trim_seconds({}) == DEFAULT_HEAP_TRIM_S
+    assert heap_trim_seconds({"STRATA_HEAP_TRIM": "2.5"}) == 2.5
+    for off in ("0", "off", "false"):
+        assert heap_trim_seconds({"STRATA_HEAP_TRIM": off}) is None
+    for bad in ("-1", "soon", "nan", "inf"):
+        with pytest.raises(ConfigError, match="STRATA_HEAP_TRIM"):
+            heap_trim_seconds({"STRATA_HEAP_TRIM": bad})

@@ -6,7 +6,7 @@ import { AuthNeeded, streamEvents } from "./api.js";
 import { drawChart } from "./charts.js";
 
 const $ = (id) => document.getElementById(id);
-const STATES = ["free", "active", "parked", "reserved"];
+const STATES = ["free", "active", "parked", "reserved", "session"];
 const HISTORY = 300;  // samples kept (one a second)
 const MAX_EVENTS = 100;
 
