@@ -37,6 +37,7 @@ from strata.engine.snapshot import EngineSnapshot, take_snapshot
 from strata.errors import ContextLengthExceeded, PoolFullError, RequestError, StepFailed, new_error_id
 from strata.kv.table import chunks_for
 from strata.loader import ModelSource
+from strata.logit_controls import LogitControls
 from strata.sampler import make_generator
 from strata.sampling import SamplingParams
 from strata.step import Admission, StepOutput, StepPlan
@@ -85,11 +86,15 @@ class Engine:
         if request_id in self._requests:
             raise RequestError(f"request id {request_id!r} is already in use")
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self._stop_token_ids)
+        controls = None
+        if params.has_logit_controls:
+            held_back = frozenset(params.stop_token_ids) | self._stop_token_ids  # what min_tokens holds back
+            controls = LogitControls(params, prompt_ids, held_back, self.model_config.vocab_size)
         self._requests[request_id] = RequestState(
             request_id, prompt_ids, params, make_generator(params.seed, self._model.layer_devices[-1]),
             IncrementalDetokenizer(self.tokenizer, params.stop), stop_ids,
             arrival=time.perf_counter() if arrival is None else arrival,
-            drafting=self._scheduler.drafts is not None,
+            drafting=self._scheduler.drafts is not None, controls=controls,
         )
         self._scheduler.add(request_id, prompt_ids, params.max_tokens)
         return request_id
@@ -144,8 +149,9 @@ class Engine:
             return outputs
         params = {w.request_id: self._requests[w.request_id].params for w in plan.work}
         generators = {w.request_id: self._requests[w.request_id].generator for w in plan.work}
+        controls = {w.request_id: c for w in plan.work if (c := self._requests[w.request_id].controls) is not None}
         try:
-            result = self._runner.execute(plan, params, generators)
+            result = self._runner.execute(plan, params, generators, controls)
         except Exception:  # noqa: BLE001 - any fault in the forward or the copies
             return outputs + self._fail_step(plan)
         outputs += self._commit(plan, result)
