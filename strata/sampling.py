@@ -159,6 +159,9 @@ class SamplingParams:
     min_tokens: int = 0
     # A compiled grammar the output must match (strata.grammar.CompiledGrammar), or None.
     grammar: Any = None
+    # The output text leaves special tokens out (vLLM's field); False where a tool-call format
+    # marks calls with them (Llama's <|python_tag|>, Mistral's [TOOL_CALLS]).
+    skip_special_tokens: bool = True
     # The names errors give the fields, where the caller's API spells them otherwise
     # (e.g. {"max_tokens": "max_completion_tokens"}, or a command line's flags)
     field_names: InitVar[Mapping[str, str] | None] = None
@@ -205,6 +208,9 @@ class SamplingParams:
             )
 
         _check_optional_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+        if not isinstance(self.skip_special_tokens, bool):
+            raise RequestError(f"skip_special_tokens must be a boolean, got {self.skip_special_tokens!r}",
+                               param="skip_special_tokens")
 
         for name in ("presence_penalty", "frequency_penalty"):
             value = _check_float(names.get(name, name), getattr(self, name))

@@ -19,12 +19,14 @@ class MessagesResponse:
         cached = first.num_cached_tokens if isinstance(first, (Admitted, RequestOutput)) else 0
         return self._fmt.opening(cached)
 
-    def delta(self, out: RequestOutput) -> list[str]:
-        delta = self._fmt.delta(out.new_text)
-        return [] if delta is None else [delta]
+    def delta(self, out: RequestOutput, index: int = 0) -> list[str]:
+        return self._fmt.delta(out)
 
-    def closing(self, final: RequestOutput) -> list[str]:
+    def closing(self, final: RequestOutput, index: int = 0) -> list[str]:
         return self._fmt.closing(final)
+
+    def done(self, finals) -> list[str]:
+        return []
 
     def error(self, error: BaseException) -> list[str]:
         return [event("error", error_event_payload(error))]
@@ -32,5 +34,6 @@ class MessagesResponse:
     def keepalive(self, admitted: bool) -> str:
         return PING
 
-    def whole(self, got: Collected) -> dict:
+    def whole(self, gots) -> dict:
+        got: Collected = gots[0]
         return self._fmt.message(got.text, got.final).model_dump(mode="json")

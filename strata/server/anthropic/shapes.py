@@ -107,14 +107,15 @@ class MessageFormat:
             ),
         ]
 
-    def delta(self, text: str) -> str | None:
+    def delta(self, out: RequestOutput) -> list[str]:
+        text = out.new_text
         if not text:
-            return None
-        return event(
+            return []
+        return [event(
             "content_block_delta",
             {"type": "content_block_delta", "index": 0,
              "delta": {"type": "text_delta", "text": text}},
-        )
+        )]
 
     def closing(self, out: RequestOutput) -> list[str]:
         reason, sequence = stop_of(out, self.max_tokens)
