@@ -18,7 +18,9 @@ from strata.errors import RequestError
 from strata.server.tools.choice import ToolSetup
 
 READS_TOOLS = re.compile(r"\btools\b")
-RESERVED = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token")
+# the variables the server sets, and the template's own globals
+RESERVED = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "raise_exception",
+            "strftime_now", "namespace")
 HERMES_TOOLS = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
     "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{tools}\n</tools>\n\n"
