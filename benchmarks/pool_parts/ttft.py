@@ -83,7 +83,7 @@ def arm_ttft(p: dict) -> dict:
         order = LAYOUTS if k % 2 == 0 else LAYOUTS[::-1]  # alternate who goes first
         for layout in order:
             if clear:
-                engines[layout].scheduler.clear_cache()
+                engines[layout]._scheduler.clear_cache()
             r = timed_request(engines[layout], prompt)
             r["chain_index"] = k
             raw[layout][kind].append(r)

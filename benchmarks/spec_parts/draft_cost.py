@@ -21,7 +21,7 @@ import time
 
 def _fixed_planner(engine, max_k: int, seed: int):
     from strata.drafting.adaptive import AdaptiveK
-    from strata.drafting.planner import DraftPlanner, LaneSpec
+    from strata.drafting.planner import LaneSpec, NgramPlanner
 
     vocab = engine.model_config.vocab_size
     rng = random.Random(seed)
@@ -36,14 +36,14 @@ def _fixed_planner(engine, max_k: int, seed: int):
         def propose(self, seq, k: int) -> list[int]:
             return [rng.randrange(vocab) for _ in range(k)]
 
-    class FixedPlanner(DraftPlanner):
+    class FixedPlanner(NgramPlanner):
         def state(self, seq):
             if seq.spec is None or not isinstance(seq.spec.k, FixedK):
                 seq.spec = LaneSpec(FixedK(self.max_k))
             return seq.spec
 
     old = engine._scheduler.drafts
-    return FixedK, FixedPlanner(max_k, old.layout, old.max_context, RandomDrafter()), old
+    return FixedK, FixedPlanner(max_k, old.layout, old.max_context, old.max_step_rows, RandomDrafter()), old
 
 
 def measure(arm, prompts: list[list[int]], max_k: int, cycles: int, seed: int = 5) -> dict:

@@ -121,7 +121,8 @@ class Engine:
             controls = LogitControls(params, prompt_ids, held_back, self.model_config.vocab_size)
         self._requests[request_id] = RequestState(
             request_id, prompt_ids, params, make_generator(params.seed, self._model.layer_devices[-1]),
-            IncrementalDetokenizer(self.tokenizer, params.stop, params.skip_special_tokens), stop_ids,
+            IncrementalDetokenizer(self.tokenizer, params.stop, params.skip_special_tokens, context=prompt_ids),
+            stop_ids,
             arrival=time.perf_counter() if arrival is None else arrival,
             drafting=self._scheduler.drafts is not None, controls=controls,
         )

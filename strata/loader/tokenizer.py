@@ -1,11 +1,13 @@
 """The model's tokenizer: a HF `tokenizers.Tokenizer` plus BOS/EOS ids and the chat template.
 
-Built from a GGUF file's `tokenizer.*` metadata (byte-level BPE, `tokenizer.ggml.model == "gpt2"`)
-or from a Hugging Face directory (`tokenizer.json` + `tokenizer_config.json`).
+Built from a GGUF file's `tokenizer.*` metadata (byte-level BPE, `tokenizer.ggml.model == "gpt2"`,
+in byte_level.py; SentencePiece, "llama", in spm.py) or from a Hugging Face directory
+(`tokenizer.json` + `tokenizer_config.json`).
 
 Invariants:
-- `encode` runs the backend without its post-processor; BOS is added here, and only when
-  `add_bos` is set, so `add_bos` alone decides whether encode adds BOS (never EOS).
+- `encode` runs the backend without its post-processor; BOS and EOS are added here, and only when
+  `add_bos` / `add_eos` is set (EOS only where the file asks for it, as llama.cpp and
+  transformers do), so those two flags alone decide what encode adds.
 - Special tokens (GGUF control tokens, HF added tokens with `special=True`) and GGUF user-defined
   tokens are matched whole wherever they appear in text, as HF added tokens are.
 - Every id held here (`bos_token_id`, `eos_token_ids`) is inside the vocabulary.
@@ -15,50 +17,31 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import tokenizers
-from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+from tokenizers import processors
 
 from strata.errors import LoaderError
+from strata.loader.byte_level import byte_level_backend
 from strata.loader.chat import ChatTemplate, end_of_turn_markers, no_template_error, pick_template
+from strata.loader.gguf_vocab import read_gguf_vocab
+from strata.loader.spm import sentencepiece_backend
 
-# llama.cpp's token types (gguf.TokenType) that matter here.
-TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_USER_DEFINED = 1, 3, 4
-
-_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-
-# `tokenizer.ggml.pre` -> how text is split before BPE, as in llama.cpp; a name not here is refused.
-_PRE_SPLITS = {
-    "gpt2": "gpt2", "default": "gpt2", "mpt": "gpt2", "olmo": "gpt2",
-    "smollm": "digits+gpt2", "starcoder": "digits+gpt2", "refact": "digits+gpt2",
-    "llama-bpe": "llama3", "llama3": "llama3", "llama-v3": "llama3",
-    "qwen2": "qwen2", "deepseek-r1-qwen": "qwen2", "stablelm2": "qwen2",
-}
-
-
-def _pre_tokenizer(split: str) -> pre_tokenizers.PreTokenizer:
-    gpt2 = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    if split == "gpt2":
-        return gpt2
-    if split == "digits+gpt2":
-        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), gpt2])
-    pattern = _LLAMA3_SPLIT if split == "llama3" else _QWEN2_SPLIT
-    return pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+_BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 
 
 class Tokenizer:
     """Text <-> token ids for one model, and its chat prompt."""
 
+    # Also the values of instances pickled (prepared.py) before these attributes existed.
+    add_eos: bool = False
+    byte_piece_ids: frozenset[int] = frozenset()  # `<0xNN>` pieces a byte-fallback decoder reads
+
     def __init__(self, backend: tokenizers.Tokenizer, *, bos_token_id: int | None = None,
-                 eos_token_ids: Iterable[int] = (), add_bos: bool = False,
+                 eos_token_ids: Iterable[int] = (), add_bos: bool = False, add_eos: bool = False,
                  chat_template: str | None = None, source: str = "tokenizer"):
         self.backend = backend
         self.source = source
@@ -71,11 +54,18 @@ class Tokenizer:
                                       f"below the vocabulary size {self.vocab_size}")
         if add_bos and bos_token_id is None:
             raise LoaderError(f"{source}: the tokenizer asks for BOS but names no BOS token")
+        if add_eos and not eos_token_ids:
+            raise LoaderError(f"{source}: the tokenizer asks for EOS but names no EOS token")
         self.bos_token_id: int | None = bos_token_id
         self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys(eos_token_ids))
         self.add_bos: bool = bool(add_bos)
+        self.add_eos = bool(add_eos)
         self._special_ids = frozenset(
             i for i, tok in backend.get_added_tokens_decoder().items() if tok.special)
+        if getattr(backend.model, "byte_fallback", False):  # a BPE that spells bytes as pieces
+            self.byte_piece_ids = frozenset(
+                i for piece, i in backend.get_vocab(with_added_tokens=False).items()
+                if _BYTE_PIECE.fullmatch(piece))
         self.chat_template: str | None = chat_template
         self._chat: ChatTemplate | None = None
         if chat_template is not None:
@@ -98,6 +88,8 @@ class Tokenizer:
         if add_special_tokens and self.add_bos:
             assert self.bos_token_id is not None  # checked in __init__
             ids.insert(0, self.bos_token_id)
+        if add_special_tokens and self.add_eos:
+            ids.append(self.eos_token_ids[0])  # checked in __init__
         return ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
@@ -132,37 +124,18 @@ class Tokenizer:
     @classmethod
     def from_gguf(cls, reader: Any, source: str) -> Tokenizer:
         """Rebuild the tokenizer from a `gguf.GGUFReader`'s metadata; `source` names the file."""
-        def field(key: str) -> Any:
-            return _gguf_field(reader, key, source)
-
-        kind = field("tokenizer.ggml.model")
-        if kind != "gpt2":
-            why = " (SentencePiece vocabularies are not implemented yet)" if kind == "llama" else ""
-            raise LoaderError(f"{source}: tokenizer.ggml.model {kind!r} is not supported{why}; "
-                              "only 'gpt2' (byte-level BPE) is")
-        tokens, merges = field("tokenizer.ggml.tokens"), field("tokenizer.ggml.merges")
-        for key, value in (("tokens", tokens), ("merges", merges)):
-            if not isinstance(value, list) or not value:
-                raise LoaderError(f"{source}: GGUF field tokenizer.ggml.{key} is missing or empty")
-        types = field("tokenizer.ggml.token_type") or [TOKEN_NORMAL] * len(tokens)
-        if len(types) != len(tokens):
-            raise LoaderError(f"{source}: tokenizer.ggml.token_type has {len(types)} entries, "
-                              f"tokenizer.ggml.tokens has {len(tokens)}")
-        pre = field("tokenizer.ggml.pre") or "default"
-        if pre not in _PRE_SPLITS:
-            raise LoaderError(f"{source}: tokenizer.ggml.pre {pre!r} is not supported; "
-                              f"known: {', '.join(sorted(_PRE_SPLITS))}")
-        backend = _byte_level_backend(tokens, types, merges, _PRE_SPLITS[pre], source)
-        ids = {k: field(f"tokenizer.ggml.{k}_token_id") for k in ("bos", "eos", "eot", "eom")}
-        for k, v in ids.items():
-            if v is not None and not (isinstance(v, int) and 0 <= v < len(tokens)):
-                raise LoaderError(f"{source}: tokenizer.ggml.{k}_token_id {v!r} is not an id "
-                                  f"in the {len(tokens)}-token vocabulary")
-        template = field("tokenizer.chat_template")
+        vocab = read_gguf_vocab(reader, source)
+        if vocab.model == "gpt2":
+            backend = byte_level_backend(vocab)
+        else:
+            backend = sentencepiece_backend(vocab)
+        ids, template = vocab.special_ids, vocab.chat_template
         eos_ids = [ids[k] for k in ("eos", "eot", "eom") if ids[k] is not None]
+        # A SentencePiece file that does not say adds BOS (llama.cpp's and transformers' rule).
+        add_bos = vocab.add_bos if vocab.add_bos is not None else vocab.model == "llama"
         return cls(backend, bos_token_id=ids["bos"],
                    eos_token_ids=eos_ids + _end_of_turn_ids(backend, template),
-                   add_bos=bool(field("tokenizer.ggml.add_bos_token")),
+                   add_bos=add_bos, add_eos=bool(vocab.add_eos),
                    chat_template=template, source=source)
 
     @classmethod
@@ -186,7 +159,7 @@ class Tokenizer:
         eos_ids = [_named_id(backend, config, "eos_token", cfg_file)]
         for extra in (gen_cfg.get("eos_token_id"), model_cfg.get("eos_token_id")):
             eos_ids += extra if isinstance(extra, list) else [extra]
-        add_bos = config.get("add_bos_token")
+        add_bos, add_eos = config.get("add_bos_token"), config.get("add_eos_token") is True
         if not isinstance(add_bos, bool):  # not stated: follow what the post-processor does
             probe = [backend.encode("a", add_special_tokens=s).ids[:1] for s in (True, False)]
             add_bos = bos is not None and probe[0] == [bos] != probe[1]
@@ -197,73 +170,33 @@ class Tokenizer:
                 template = f.read()
         eos_ids = [i for i in eos_ids if isinstance(i, int)] + _end_of_turn_ids(backend, template)
         return cls(backend, bos_token_id=bos, eos_token_ids=eos_ids, add_bos=add_bos,
-                   chat_template=template, source=path)
+                   add_eos=add_eos, chat_template=template, source=path)
 
     def save_hf(self, path: str) -> None:
         """Write `tokenizer.json` and `tokenizer_config.json` so `from_hf_dir` (or transformers)
-        gives back the same ids, BOS rule and chat template."""
+        gives back the same ids, BOS/EOS rule and chat template. transformers takes the BOS/EOS
+        rule from tokenizer.json's post-processor, written here from `add_bos`/`add_eos` (on a
+        copy: this tokenizer encodes without one)."""
         os.makedirs(path, exist_ok=True)
-        self.backend.save(os.path.join(path, "tokenizer.json"))
         bos = None if self.bos_token_id is None else self.id_to_token(self.bos_token_id)
         eos = self.id_to_token(self.eos_token_ids[0]) if self.eos_token_ids else None
+        ends = [(bos, self.bos_token_id)] if self.add_bos else []
+        ends += [(eos, self.eos_token_ids[0])] if self.add_eos else []
+        single = [f"{bos}:0"] * self.add_bos + ["$A:0"] + [f"{eos}:0"] * self.add_eos
+        pair = single + [f"{bos}:1"] * self.add_bos + ["$B:1"] + [f"{eos}:1"] * self.add_eos
+        backend = tokenizers.Tokenizer.from_str(self.backend.to_str())
+        backend.post_processor = processors.TemplateProcessing(
+            single=single, pair=pair, special_tokens=list(dict.fromkeys(ends)))
+        backend.save(os.path.join(path, "tokenizer.json"))
         config = {
             "tokenizer_class": "PreTrainedTokenizerFast",
             "bos_token": bos, "eos_token": eos,
-            "add_bos_token": self.add_bos, "add_eos_token": False,
+            "add_bos_token": self.add_bos, "add_eos_token": self.add_eos,
             "clean_up_tokenization_spaces": False,
             "chat_template": self.chat_template,
         }
         with open(os.path.join(path, "tokenizer_config.json"), "w", encoding="utf-8") as f:
             json.dump(config, f, ensure_ascii=False, indent=2)
-
-
-def _byte_level_backend(tokens: list[str], types: list[int], merges: list[str], split: str,
-                        source: str) -> tokenizers.Tokenizer:
-    """Byte-level BPE over the file's vocabulary; control/user-defined tokens are added tokens."""
-    alphabet = set(pre_tokenizers.ByteLevel.alphabet())
-    speller = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    added = {TOKEN_CONTROL, TOKEN_USER_DEFINED}
-    vocab: dict[str, int] = {}
-    for i, (token, kind) in enumerate(zip(tokens, types, strict=True)):
-        key = token
-        # A normal token spelled outside the byte alphabet (raw UTF-8) is respelled so BPE can
-        # reach it; added tokens keep their text, which is what they match in the input.
-        if kind not in added and not set(token) <= alphabet:
-            key = "".join(piece for piece, _ in speller.pre_tokenize_str(token))
-        if key in vocab:
-            raise LoaderError(f"{source}: tokenizer.ggml.tokens lists {token!r} twice "
-                              f"(ids {vocab[key]} and {i})")
-        vocab[key] = i
-    pairs = [tuple(merge.split(" ")) for merge in merges]
-    for merge, pair in zip(merges, pairs, strict=True):
-        if len(pair) != 2:
-            raise LoaderError(f"{source}: tokenizer.ggml.merges entry {merge!r} is not 'a b'")
-    try:
-        model = models.BPE(vocab=vocab, merges=pairs, ignore_merges=split == "llama3")
-    except Exception as exc:
-        raise LoaderError(f"{source}: tokenizer.ggml.merges do not fit the tokens: {exc}") from exc
-    backend = tokenizers.Tokenizer(model)
-    backend.pre_tokenizer = _pre_tokenizer(split)
-    backend.decoder = decoders.ByteLevel()
-    extra = [(i, AddedToken(t, special=kind == TOKEN_CONTROL, normalized=False))
-             for i, (t, kind) in enumerate(zip(tokens, types, strict=True)) if kind in added]
-    backend.add_special_tokens([tok for _, tok in extra if tok.special])
-    backend.add_tokens([tok for _, tok in extra if not tok.special])
-    for i, tok in extra:
-        if backend.token_to_id(tok.content) != i:
-            raise LoaderError(f"{source}: added token {tok.content!r} did not keep its id {i}")
-    return backend
-
-
-def _gguf_field(reader: Any, key: str, source: str) -> Any:
-    """The value of GGUF metadata field `key` (a list for arrays), or None when absent."""
-    field = reader.fields.get(key)
-    if field is None:
-        return None
-    try:
-        return field.contents()
-    except Exception as exc:  # a damaged or mistyped field
-        raise LoaderError(f"{source}: cannot read GGUF field {key}: {exc}") from exc
 
 
 def _end_of_turn_ids(backend: tokenizers.Tokenizer, template: str | None) -> list[int]:

@@ -355,7 +355,7 @@ def test_dense_logits_match_transformers(case, engines):
 
 
 def test_native_logits_match_transformers(case, engines):
-    layer0 = engines["native"].model.layers[0]
+    layer0 = engines["native"]._model.layers[0]
     # Layer 0 stores q|k|v and gate|up in Q4_0/Q4_1: native mode keeps only the 4-bit copy.
     for proj in (layer0.qkv, layer0.gate_up):
         assert proj.int4 is not None and proj.weight is None

@@ -70,7 +70,7 @@ def test_a_broken_scale_falls_below_the_bound(engines, prompts, reference, monke
 
 
 def test_the_memory_guard_counts_int8_bytes_and_scales(tiny_llama_dir, monkeypatch):
-    import strata.engine.engine as engine_module
+    import strata.engine.build as engine_module
     from strata.cells.storage import kv_bytes_per_cell
 
     plans = {}

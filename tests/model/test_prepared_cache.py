@@ -78,7 +78,7 @@ def test_a_damaged_entry_is_rebuilt(cache, caplog):
     with caplog.at_level(logging.WARNING, logger="strata.loader"):
         e = engine()
     assert not e.info.loaded_from_cache and "unreadable" in caplog.text
-    assert engine().loaded_from_cache  # the rebuilt entry is whole again
+    assert engine().info.loaded_from_cache  # the rebuilt entry is whole again
 
 
 def test_keys_follow_the_file_and_the_build(cache, tmp_path):

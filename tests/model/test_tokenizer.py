@@ -288,7 +288,8 @@ def test_other_pre_tokenizers_match_transformers(reader: Any, pre: str) -> None:
 @pytest.mark.parametrize("overrides, match", [
     ({"tokenizer__ggml__pre": "mystery"}, "tokenizer.ggml.pre 'mystery'"),
     ({"tokenizer__ggml__model": "bert"}, "tokenizer.ggml.model 'bert'"),
-    ({"tokenizer__ggml__model": "llama"}, "SentencePiece"),
+    ({"tokenizer__ggml__model": "llama"}, "tokenizer.ggml.scores is missing"),
+    ({"tokenizer__ggml__add_bos_token": 1}, "tokenizer.ggml.add_bos_token"),
     ({"tokenizer__ggml__model": None}, "tokenizer.ggml.model"),
     ({"tokenizer__ggml__merges": None}, "tokenizer.ggml.merges"),
     ({"tokenizer__ggml__bos_token_id": 10**6}, "tokenizer.ggml.bos_token_id"),

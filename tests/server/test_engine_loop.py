@@ -140,7 +140,7 @@ def test_a_failed_step_ends_its_requests_and_the_loop_serves_on():
         admitted = await follow.next(timeout=60)
         assert isinstance(admitted, Admitted) and admitted.num_cached_tokens == len(prompt)
         assert (await final_event(follow)).finish_reason == "length"
-        assert engines[0].scheduler.counters.num_failed_steps == 1
+        assert engines[0]._scheduler.counters.num_failed_steps == 1
         await asyncio.to_thread(loop.stop)
 
     asyncio.run(main())

@@ -287,3 +287,72 @@ def test_stop_strings_cut_at_the_first_occurrence(smollm2, data, skip):
         emitted += detok.finish()
     assert emitted == expected == detok.text
     assert detok.is_stopped == (first is not None)
+
+
+# --- a SentencePiece vocabulary (strata/loader/spm.py, built in code) --------------
+
+
+@pytest.fixture(scope="module")
+def spm_tok():
+    from strata.loader import gguf_vocab as v
+    from strata.loader.spm import sentencepiece_backend
+    from strata.loader.tokenizer import Tokenizer
+
+    words = ["\u2581", "\u2581Hello", "\u2581world", "Hello", "!"]
+    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256)), *words]
+    types = [v.TOKEN_UNKNOWN, v.TOKEN_CONTROL, v.TOKEN_CONTROL] + [v.TOKEN_BYTE] * 256
+    types += [v.TOKEN_NORMAL] * len(words)
+    vocab = v.GGUFVocab(
+        source="test", model="llama", architecture="llama", tokens=tokens, types=types,
+        scores=[0.0] * 259 + [-float(i) for i in range(len(words))], merges=None, pre="default",
+        special_ids={"bos": 1, "eos": 2, "unknown": 0}, add_bos=True, add_eos=False,
+        add_space_prefix=True, chat_template=None)
+    tok = Tokenizer(sentencepiece_backend(vocab), bos_token_id=1, eos_token_ids=[2], add_bos=True)
+    named = {w.replace("\u2581", "_"): tokens.index(w) for w in words}  # "_Hello": id of "▁Hello"
+    return SimpleNamespace(tok=tok, byte=lambda b: 3 + b, **named)
+
+
+def test_sentencepiece_output_after_a_prompt_keeps_its_leading_space(spm_tok):
+    tok, ids = spm_tok.tok, [spm_tok._Hello, spm_tok._world]
+    assert tok.decode(ids) == "Hello world"  # the decoder drops the prefix's space
+    detok = IncrementalDetokenizer(tok, context=[1, spm_tok._world])
+    assert [d.text for d in feed(detok, ids)] == [" Hello", " world"]
+    context_text = tok.decode([1, spm_tok._world], skip_special_tokens=True)
+    whole = tok.decode([1, spm_tok._world, *ids], skip_special_tokens=True)
+    assert detok.text == whole[len(context_text):]
+    alone = IncrementalDetokenizer(tok)
+    assert [d.text for d in feed(alone, ids)] == ["Hello", " world"]
+
+
+def test_a_skipped_special_token_does_not_take_the_next_space(spm_tok):
+    ids = [spm_tok._Hello, 2, 1, spm_tok._world, spm_tok._]
+    for skip in (True, False):
+        detok = IncrementalDetokenizer(spm_tok.tok, skip_special_tokens=skip)
+        text = "".join(d.text for d in feed(detok, ids)) + detok.finish()
+        assert text == spm_tok.tok.decode(ids, skip_special_tokens=skip)
+    assert text == "Hello</s><s> world "
+
+
+def test_a_byte_run_is_held_until_it_closes(spm_tok):
+    tok, b = spm_tok.tok, spm_tok.byte
+    valid = [spm_tok._Hello, *(b(x) for x in "世".encode()), spm_tok._world]
+    detok = IncrementalDetokenizer(tok)
+    assert [d.text for d in feed(detok, valid)] == ["Hello", "", "", "", "世 world"]
+    # A run that turns invalid decodes wholly to U+FFFD, the character it completed too:
+    # nothing of it was out yet, so the stream still equals the decode.
+    broken = [spm_tok._Hello, *(b(x) for x in "世".encode()), b(0xE4), 2, spm_tok._world]
+    for skip in (True, False):
+        detok = IncrementalDetokenizer(tok, skip_special_tokens=skip)
+        text = "".join(d.text for d in feed(detok, broken)) + detok.finish()
+        assert text == tok.decode(broken, skip_special_tokens=skip)
+    assert text == "Hello" + FFFD * 4 + "</s> world"
+    unfinished = IncrementalDetokenizer(tok)
+    assert "".join(d.text for d in feed(unfinished, broken[:5])) == "Hello"
+    assert unfinished.finish() == FFFD * 4
+
+
+def test_a_context_ending_inside_a_byte_run_is_not_used(spm_tok):
+    tok, b = spm_tok.tok, spm_tok.byte
+    detok = IncrementalDetokenizer(tok, context=[spm_tok._Hello, b(0xE4)])
+    deltas = [d.text for d in feed(detok, [b(0xB8), b(0x96), spm_tok._world])]
+    assert deltas == ["", "", FFFD * 2 + " world"]  # decoded as if no prompt came before
