@@ -29,7 +29,7 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 # Field types the grammar library serves; strings and lists bounded so an answer fits its budget.
 FIELD_TYPES = st.sampled_from([
-    (str, Field(max_length=16)), (int, Field(ge=0, le=1000)), (bool, Field()),
+    (str, Field(max_length=10)), (int, Field(ge=0, le=1000)), (bool, Field()),
     (Literal["red", "green", "blue"], Field()), (list[int], Field(max_length=3)), (float, Field(ge=0, le=10)),
 ])
 
@@ -45,10 +45,10 @@ def models(draw) -> type[BaseModel]:
 @settings(max_examples=3, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 @given(model=models())
 def test_parse_returns_the_pydantic_object(main_server, model):
-    client = main_server.openai()
+    client = main_server.openai(timeout=600)
     got = client.chat.completions.parse(
         model="smol", messages=[{"role": "user", "content": "Fill in an example."}], response_format=model,
-        temperature=0, max_tokens=120)
+        temperature=0, max_tokens=64)
     choice = got.choices[0]
     assert choice.finish_reason == "stop", choice
     assert isinstance(choice.message.parsed, model)
@@ -66,7 +66,7 @@ def test_a_schema_the_library_cannot_compile_is_a_400_naming_the_field(main_serv
 
 
 def test_regex_and_choice_hold_the_answer(main_server):
-    client = main_server.openai()
+    client = main_server.openai(timeout=600)
     got = client.chat.completions.create(model="smol", messages=ASK, temperature=0, max_tokens=12,
                                          extra_body={"guided_regex": "[A-Z][a-z]{2,8}"})
     import re
@@ -78,7 +78,7 @@ def test_regex_and_choice_hold_the_answer(main_server):
 
 @pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_time"}}])
 def test_forced_calls_validate_against_their_schema(main_server, tool_choice):
-    client = main_server.openai()
+    client = main_server.openai(timeout=600)
     got = client.chat.completions.create(model="smol", messages=ASK, tools=[WEATHER, TIME], tool_choice=tool_choice,
                                          temperature=0, max_tokens=80)
     choice = got.choices[0]
@@ -92,7 +92,7 @@ def test_forced_calls_validate_against_their_schema(main_server, tool_choice):
 
 
 def test_streamed_tool_call_deltas_reassemble_to_the_whole_answer(main_server):
-    client = main_server.openai()
+    client = main_server.openai(timeout=600)
     args = dict(model="smol", messages=ASK, tools=[WEATHER], tool_choice="required", temperature=0, max_tokens=80)
     whole = client.chat.completions.create(**args).choices[0]
     calls: dict[int, dict] = {}
@@ -113,7 +113,7 @@ def test_streamed_tool_call_deltas_reassemble_to_the_whole_answer(main_server):
 
 
 def test_tool_results_in_the_history_are_rendered(main_server):
-    client = main_server.openai()
+    client = main_server.openai(timeout=600)
     history = ASK + [
         {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
             "name": "get_weather", "arguments": json.dumps({"city": "Paris", "unit": "celsius"})}}]},
@@ -127,14 +127,14 @@ def test_tool_results_in_the_history_are_rendered(main_server):
     assert got.choices[0].message.content and not got.choices[0].message.tool_calls
 
 
-def test_n_choices_equal_separate_requests_with_their_seeds(main_server):
-    client = main_server.openai()
+def test_n_choices_whole_and_streamed(main_server):
+    """(tests/model/test_choices.py: each choice equals a separate request with its seed, and
+    the choices share the prompt's chunks; here drafting is on, so batch makeup may change draws.)"""
+    client = main_server.openai(timeout=600)
     msgs = [{"role": "user", "content": "Name a colour."}]
     got = client.chat.completions.create(model="smol", messages=msgs, n=3, seed=11, temperature=1.0, max_tokens=6)
     assert [c.index for c in got.choices] == [0, 1, 2]
-    for i, choice in enumerate(got.choices):
-        one = client.chat.completions.create(model="smol", messages=msgs, seed=11 + i, temperature=1.0, max_tokens=6)
-        assert choice.message.content == one.choices[0].message.content, i
+    one = client.chat.completions.create(model="smol", messages=msgs, seed=11, temperature=1.0, max_tokens=6)
     assert got.usage.prompt_tokens == one.usage.prompt_tokens  # the prompt counted once
     assert got.usage.completion_tokens >= 3  # every choice's tokens
     assert got.usage.total_tokens == got.usage.prompt_tokens + got.usage.completion_tokens
@@ -153,14 +153,15 @@ def test_best_of_is_refused_by_name(main_server):
 
 
 def test_responses_api_and_a_follow_up_from_the_cache(main_server):
-    client = main_server.openai()
+    client = main_server.openai(timeout=600)
     first = client.responses.create(model="smol", input="Name a fruit.", instructions="Answer in one word.",
                                     temperature=0, max_output_tokens=8)
     assert first.status in ("completed", "incomplete") and first.output_text
+    # instructions are not carried over (OpenAI's rule): the same ones keep the prompt's prefix
     follow = client.responses.create(model="smol", input="And a vegetable?", previous_response_id=first.id,
-                                     temperature=0, max_output_tokens=8)
+                                     instructions="Answer in one word.", temperature=0, max_output_tokens=8)
     assert follow.output_text
-    assert follow.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens - 30  # the first turn reused
+    assert follow.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens  # the first turn reused
     text = ""
     kinds = []
     for event in client.responses.create(model="smol", input="Name a fruit.", instructions="Answer in one word.",
@@ -173,7 +174,7 @@ def test_responses_api_and_a_follow_up_from_the_cache(main_server):
 
 
 def test_responses_function_tools_and_built_in_tools(main_server):
-    client = main_server.openai()
+    client = main_server.openai(timeout=600)
     got = client.responses.create(model="smol", input="Weather in Paris?", tool_choice="required", max_output_tokens=80,
                                   temperature=0, tools=[{"type": "function", **WEATHER["function"]}])
     calls = [o for o in got.output if o.type == "function_call"]
@@ -199,7 +200,7 @@ def test_tokenize_detokenize_template_and_props(main_server):
 
 
 def test_penalties_and_logit_bias_over_http(main_server):
-    client = main_server.openai()
+    client = main_server.openai(timeout=600)
     plain = client.completions.create(model="smol", prompt="One, two, three,", temperature=0, max_tokens=6)
     with main_server.client() as c:
         first = c.post("/tokenize", json={"content": plain.choices[0].text}).json()["tokens"][0]
@@ -214,19 +215,19 @@ def test_penalties_and_logit_bias_over_http(main_server):
 
 
 def test_anthropic_tools_and_tool_use(main_server):
-    client = main_server.anthropic()
+    client = main_server.anthropic(timeout=600)
     tool = {"name": "get_weather", "description": "The weather in a city",
             "input_schema": WEATHER["function"]["parameters"]}
     got = client.messages.create(model="smol", max_tokens=80, messages=ASK, tools=[tool],
-                                 tool_choice={"type": "any"}, temperature=0)
+                                 tool_choice={"type": "any"}, extra_body={"temperature": 0})
     uses = [b for b in got.content if b.type == "tool_use"]
     assert got.stop_reason == "tool_use" and uses and uses[0].name == "get_weather"
     jsonschema.validate(uses[0].input, tool["input_schema"])
     with client.messages.stream(model="smol", max_tokens=80, messages=ASK, tools=[tool],
-                                tool_choice={"type": "any"}, temperature=0) as stream:
+                                tool_choice={"type": "any"}, extra_body={"temperature": 0}) as stream:
         final = stream.get_final_message()
     assert [b.input for b in final.content if b.type == "tool_use"] == [uses[0].input]
-    follow = client.messages.create(model="smol", max_tokens=8, temperature=0, tools=[tool], messages=[
+    follow = client.messages.create(model="smol", max_tokens=8, extra_body={"temperature": 0}, tools=[tool], messages=[
         *ASK, {"role": "assistant", "content": [{"type": "tool_use", "id": uses[0].id, "name": "get_weather",
                                                  "input": uses[0].input}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id, "content": "21 degrees"}]}])

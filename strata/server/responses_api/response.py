@@ -29,7 +29,7 @@ class ResponsesFormat:
                  conversation: list[dict[str, Any]], store: ResponseStore | None):
         self.id = f"resp_{request_id}"
         self.created = int(time.time())
-        self._model, self._shape, self._echo = model, shape, echo
+        self._model_id, self._shape, self._echo = model, shape, echo
         self._conversation, self._store = conversation, store
         self._reader = shape.reader()
         self._seq = 0
@@ -48,7 +48,7 @@ class ResponsesFormat:
                      "output_tokens": final.num_output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
                      "total_tokens": final.num_prompt_tokens + final.num_output_tokens}
         return {"id": self.id, "object": "response", "created_at": self.created, "status": status,
-                "model": self._model, "output": items, "usage": usage, "error": None,
+                "model": self._model_id, "output": items, "usage": usage, "error": None,
                 "incomplete_details": incomplete, **self._echo}
 
     def _remember(self, items: list[dict[str, Any]]) -> None:
