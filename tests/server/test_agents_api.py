@@ -245,7 +245,7 @@ def test_langchain_bind_tools_and_structured_output(main_server):
         city: str = Field(max_length=20)
         unit: Literal["celsius", "fahrenheit"]
 
-    called = llm.bind_tools([Weather], tool_choice="required").invoke("What is the weather in Paris?")
+    called = llm.bind_tools([Weather], tool_choice="required", strict=True).invoke("What is the weather in Paris?")
     assert called.tool_calls and called.tool_calls[0]["name"] == "Weather"
     Weather.model_validate(called.tool_calls[0]["args"])
     answer = llm.with_structured_output(Weather, method="json_schema").invoke("Weather in Rome, please.")

@@ -83,6 +83,9 @@ def turn_messages(role: str, blocks: list[Any], where: str) -> list[dict[str, An
         if kind == "text":
             if not isinstance(b.get("text"), str):
                 raise RequestError(f"{at}.text is required", param=f"{at}.text")
+            unknown = set(b) - {"type", "text", "cache_control", "citations"}
+            if unknown:
+                raise RequestError(f"{at}: unknown field {min(unknown)!r} in a text block", param=f"{at}.{min(unknown)}")
             texts.append(b["text"])
         elif kind == "tool_use" and role == "assistant":
             if not isinstance(b.get("id"), str) or not isinstance(b.get("name"), str) or not isinstance(b.get("input"), dict):
