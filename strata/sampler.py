@@ -91,8 +91,10 @@ class Sampler:
         logits: torch.Tensor,
         params: list[SamplingParams],
         generators: list[torch.Generator | None],
+        raw: torch.Tensor | None = None,
     ) -> SampleOutput:
-        """`logits`: [rows, vocab], any float dtype; `params`, `generators`: one per row.
+        """`logits`: [rows, vocab], any float dtype; `params`, `generators`: one per row;
+        `raw`: the logits before a request's logit controls, for logprobs (default `logits`).
 
         A row's generator (None: torch's default generator for the device) must live on
         `logits.device`; a seeded row consumes one uniform per sampled step.
@@ -125,7 +127,8 @@ class Sampler:
                 rows_logits, [params[i] for i in sampled], [generators[i] for i in sampled]
             )
         token_list: list[int] = token_ids.tolist()
-        return SampleOutput(token_list, self.logprobs_of(logits, params, token_ids, token_list))
+        raw = logits if raw is None else raw.float()
+        return SampleOutput(token_list, self.logprobs_of(raw, params, token_ids, token_list))
 
     def _draw(
         self,

@@ -26,6 +26,10 @@ MAX_STOP_STRINGS = 16
 # per-token matching work.
 MAX_STOP_LENGTH = 256
 MAX_LOGPROBS = 20
+MAX_PENALTY = 2.0  # presence_penalty and frequency_penalty lie in [-2, 2] (OpenAI's range)
+MAX_REPETITION_PENALTY = 2.0  # repetition_penalty lies in (0, 2] (vLLM's range; 1 is off)
+MAX_LOGIT_BIAS = 100.0  # logit_bias values lie in [-100, 100] (OpenAI's range)
+MAX_LOGIT_BIAS_TOKENS = 1024
 # Temperatures below this count as greedy: dividing logits by them overflows float32.
 GREEDY_TEMPERATURE = 1e-5
 
@@ -89,6 +93,37 @@ def _normalise_stop_token_ids(value: Any) -> tuple[int, ...]:
     return tuple(value)
 
 
+def _normalise_logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
+    """A mapping (token id, or its decimal string, as OpenAI's JSON keys are) -> bias, or pairs:
+    sorted (id, bias) pairs. Ids are checked against the vocabulary by the engine."""
+    if value is None:
+        return ()
+    items = value.items() if isinstance(value, Mapping) else value
+    if not isinstance(items, (list, tuple)) and not isinstance(value, Mapping):
+        raise RequestError(f"logit_bias must be an object of token id -> bias, got {value!r}",
+                           param="logit_bias")
+    out: dict[int, float] = {}
+    for pair in items:
+        key, bias = pair
+        token = key
+        if isinstance(key, str):
+            if not key.strip().lstrip("-").isdigit():
+                raise RequestError(f"logit_bias keys must be token ids, got {key!r}", param="logit_bias")
+            token = int(key)
+        if not _is_int(token) or token < 0:
+            raise RequestError(f"logit_bias keys must be non-negative token ids, got {key!r}",
+                               param="logit_bias")
+        bias = _check_float("logit_bias", bias)
+        if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+            raise RequestError(f"logit_bias values must be between -{MAX_LOGIT_BIAS:g} and "
+                               f"{MAX_LOGIT_BIAS:g}, got {bias:g} for token {token}", param="logit_bias")
+        out[token] = bias
+    if len(out) > MAX_LOGIT_BIAS_TOKENS:
+        raise RequestError(f"logit_bias may name at most {MAX_LOGIT_BIAS_TOKENS} tokens, got {len(out)}",
+                           param="logit_bias")
+    return tuple(sorted(out.items()))
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     # None: until EOS or the context is full; else at least 1 new token.
@@ -108,6 +143,25 @@ class SamplingParams:
     ignore_eos: bool = False
     # None: no logprobs; else the chosen token's logprob plus this many alternatives.
     logprobs: int | None = None
+    # OpenAI's penalties on the logits of tokens already in the output: minus
+    # frequency_penalty per occurrence, minus presence_penalty once if present.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # The repetition penalty (HF, vLLM; llama.cpp's repeat_penalty) of tokens in the prompt and
+    # output: a positive logit divided by it, a negative one multiplied; 1 is off.
+    repetition_penalty: float = 1.0
+    # The tokens it looks back over: 0 or None: the whole prompt and output (vLLM); N: the last N
+    # (llama.cpp's repeat_last_n).
+    repeat_last_n: int | None = None
+    # Token id -> a value added to its logit ({id: -100} bans it); a mapping or pairs.
+    logit_bias: Any = ()
+    # End-of-sequence and stop_token_ids cannot be chosen before this many new tokens.
+    min_tokens: int = 0
+    # A compiled grammar the output must match (strata.grammar.CompiledGrammar), or None.
+    grammar: Any = None
+    # The output text leaves special tokens out (vLLM's field); False where a tool-call format
+    # marks calls with them (Llama's <|python_tag|>, Mistral's [TOOL_CALLS]).
+    skip_special_tokens: bool = True
     # The names errors give the fields, where the caller's API spells them otherwise
     # (e.g. {"max_tokens": "max_completion_tokens"}, or a command line's flags)
     field_names: InitVar[Mapping[str, str] | None] = None
@@ -154,6 +208,37 @@ class SamplingParams:
             )
 
         _check_optional_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+        if not isinstance(self.skip_special_tokens, bool):
+            raise RequestError(f"skip_special_tokens must be a boolean, got {self.skip_special_tokens!r}",
+                               param="skip_special_tokens")
+
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = _check_float(names.get(name, name), getattr(self, name))
+            if not -MAX_PENALTY <= value <= MAX_PENALTY:
+                raise RequestError(f"{names.get(name, name)} must be between -{MAX_PENALTY:g} and "
+                                   f"{MAX_PENALTY:g}, got {value:g}", param=names.get(name, name))
+            object.__setattr__(self, name, value)
+        rep_name = names.get("repetition_penalty", "repetition_penalty")
+        rep = _check_float(rep_name, self.repetition_penalty)
+        if not 0.0 < rep <= MAX_REPETITION_PENALTY:
+            raise RequestError(f"{rep_name} must be in (0, {MAX_REPETITION_PENALTY:g}], got {rep:g}",
+                               param=rep_name)
+        object.__setattr__(self, "repetition_penalty", rep)
+        _check_optional_int(names.get("repeat_last_n", "repeat_last_n"), self.repeat_last_n, 0, None)
+        object.__setattr__(self, "logit_bias", _normalise_logit_bias(self.logit_bias))
+        _check_optional_int(names.get("min_tokens", "min_tokens"), self.min_tokens, 0, None)
+        if self.min_tokens is None:
+            object.__setattr__(self, "min_tokens", 0)
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise RequestError(f"min_tokens ({self.min_tokens}) must not exceed "
+                               f"{names.get('max_tokens', 'max_tokens')} ({self.max_tokens})",
+                               param=names.get("min_tokens", "min_tokens"))
+
+    @property
+    def has_logit_controls(self) -> bool:
+        """Anything that changes the logits before sampling (penalties, bias, min_tokens, a grammar)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.logit_bias or self.min_tokens or self.grammar is not None)
 
     @property
     def is_greedy(self) -> bool:

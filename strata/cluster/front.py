@@ -38,7 +38,7 @@ log = logging.getLogger("strata.cluster")
 PIN_HEADER = "x-strata-replica"
 ROUTER_SEQ_HEADER = b"x-strata-router-seq"
 METRICS_TIMEOUT_S = 10.0  # per replica, for the front door's /metrics
-PROMPT_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/messages")
+PROMPT_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/messages", "/v1/responses")
 
 
 def replica_failed() -> NotReady:
@@ -52,23 +52,31 @@ def routing_fields(req: ForwardedRequest, info: ModelInfo, block: int, text: boo
     from strata.server.anthropic.requests import MessagesRequest
     from strata.server.params import chat_job, completion_job
     from strata.server.requests import ChatCompletionRequest, CompletionRequest
+    from strata.server.responses_api.params import responses_job
+    from strata.server.responses_api.requests import ResponsesRequest
+    from strata.server.responses_api.store import ResponseStore
 
     if req.method != "POST" or req.path not in PROMPT_PATHS:
         return
     try:
         body = json.loads(req.body)
+        n = 1
         if req.path == "/v1/messages":
             m = MessagesRequest.model_validate(body)
             ids, max_tokens = messages_prompt_ids(m, info), m.max_tokens
+        elif req.path == "/v1/responses":  # a follow-up (previous_response_id) is read by its replica only
+            job, _ = responses_job(ResponsesRequest.model_validate(body), info, ResponseStore())
+            ids, max_tokens = job.prompt.token_ids, job.params.max_tokens
         else:
             job = (chat_job(ChatCompletionRequest.model_validate(body), info) if req.path == "/v1/chat/completions"
                    else completion_job(CompletionRequest.model_validate(body), info))
-            ids, max_tokens = job.prompt.token_ids, job.params.max_tokens
+            ids, max_tokens, n = job.prompt.token_ids, job.params.max_tokens, job.n
     except Exception:  # noqa: BLE001 - the replica answers it with the proper error
         return
     req.prompt_ids = list(ids)
     req.prefix_keys = prefix_keys(req.prompt_ids, block)
-    req.num_new_cells = len(ids) + (max_tokens if max_tokens is not None else 0) + 1
+    # n choices share the prompt's cells and each takes its own new ones
+    req.num_new_cells = len(ids) + n * ((max_tokens if max_tokens is not None else 0) + 1)
     if text:
         req.prompt = info.tokenizer.decode(req.prompt_ids)
 

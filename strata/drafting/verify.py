@@ -43,6 +43,7 @@ def verify(
     drafts: Sequence[int],  # k
     params: SamplingParams,
     generator: torch.Generator | None,
+    raw: torch.Tensor | None = None,  # [k + 1, vocab] before the request's logit controls (logprobs)
 ) -> Verified:
     k = len(drafts)
     assert logits.shape[0] == k + 1
@@ -68,5 +69,5 @@ def verify(
         else:
             tokens.append(int(draw(weights[k:], [generator])[0]))
     n = len(tokens)
-    logprobs = sampler.logprobs_of(logits[:n], [params] * n, torch.tensor(tokens, device=logits.device), tokens)
+    logprobs = sampler.logprobs_of((logits if raw is None else raw)[:n], [params] * n, torch.tensor(tokens, device=logits.device), tokens)
     return Verified(tokens, logprobs, n - 1)

@@ -38,6 +38,7 @@ from strata.engine.snapshot import EngineSnapshot, take_snapshot
 from strata.errors import ContextLengthExceeded, PoolFullError, RequestError, StepFailed, new_error_id
 from strata.kv.table import chunks_for
 from strata.loader import ModelSource
+from strata.logit_controls import LogitControls
 from strata.sampler import make_generator
 from strata.sampling import SamplingParams
 from strata.step import Admission, StepOutput, StepPlan
@@ -69,6 +70,7 @@ class Engine:
         self._stop_token_ids = frozenset(cfg.eos_token_ids) | frozenset(self.tokenizer.eos_token_ids)
         self._requests: dict[str, RequestState] = {}
         self._undelivered: defaultdict[str, deque[RequestOutput]] = defaultdict(deque)  # for `stream`
+        self._held_choices: dict[str, list[str]] = {}  # first choice -> the choices waiting to fork it
         self._ids = itertools.count()
         self._step_seconds: deque[float] = deque(maxlen=32)
         self.last_admissions: tuple[Admission, ...] = ()  # the requests the last step admitted
@@ -78,6 +80,34 @@ class Engine:
                arrival: float | None = None) -> str:
         """Queue a request; raises RequestError (a prompt `check_prompt` refuses, an id in use).
         A `Prompt` was checked where it entered. `arrival`: when it arrived (time.perf_counter)."""
+        request_id = self._register(prompt, params, request_id, arrival)
+        state = self._requests[request_id]
+        self._scheduler.add(request_id, state.prompt_ids, params.max_tokens)
+        return request_id
+
+    def submit_choices(self, prompt: str | Sequence[int] | Prompt, params: Sequence[SamplingParams],
+                       request_ids: Sequence[str] | None = None, arrival: float | None = None) -> list[str]:
+        """n choices of one prompt (choice i samples with `params[i]`). The first is prefilled; the
+        others wait until its prompt's K/V is written, then fork it through the pool (its full
+        chunks shared, the partial last one copied), so the prompt is computed once."""
+        ids = list(request_ids) if request_ids is not None else [None] * len(params)
+        if len(ids) != len(params) or not params:
+            raise RequestError(f"{len(params)} choices need as many request ids, got {len(ids)}")
+        first = self.submit(prompt, params[0], ids[0], arrival)
+        rest: list[str] = []
+        try:
+            for p, rid in zip(params[1:], ids[1:]):
+                rest.append(self._register(self._requests[first].prompt_ids, p, rid, arrival))
+        except RequestError:
+            for rid in [first, *rest]:
+                self.cancel(rid)
+            raise
+        if rest:
+            self._held_choices[first] = rest
+        return [first, *rest]
+
+    def _register(self, prompt: str | Sequence[int] | Prompt, params: SamplingParams, request_id: str | None,
+                  arrival: float | None) -> str:
         if not isinstance(prompt, Prompt):
             ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
             prompt = check_prompt(ids, self.max_context, self.model_config.vocab_size)
@@ -86,14 +116,31 @@ class Engine:
         if request_id in self._requests:
             raise RequestError(f"request id {request_id!r} is already in use")
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self._stop_token_ids)
+        controls = None
+        if params.has_logit_controls:
+            held_back = frozenset(params.stop_token_ids) | self._stop_token_ids  # what min_tokens holds back
+            controls = LogitControls(params, prompt_ids, held_back, self.model_config.vocab_size)
         self._requests[request_id] = RequestState(
             request_id, prompt_ids, params, make_generator(params.seed, self._model.layer_devices[-1]),
-            IncrementalDetokenizer(self.tokenizer, params.stop, context=prompt_ids), stop_ids,
+            IncrementalDetokenizer(self.tokenizer, params.stop, params.skip_special_tokens, context=prompt_ids),
+            stop_ids,
             arrival=time.perf_counter() if arrival is None else arrival,
-            drafting=self._scheduler.drafts is not None,
+            drafting=self._scheduler.drafts is not None, controls=controls,
         )
-        self._scheduler.add(request_id, prompt_ids, params.max_tokens)
         return request_id
+
+    def _release_choices(self) -> None:
+        """Held choices go to the scheduler once their first choice's prompt is written (it has a
+        token), or it ended."""
+        for first, rest in list(self._held_choices.items()):
+            state = self._requests.get(first)
+            if state is not None and not state.output_ids:
+                continue
+            del self._held_choices[first]
+            for rid in rest:
+                if rid in self._requests:
+                    held = self._requests[rid]
+                    self._scheduler.add(rid, held.prompt_ids, held.params.max_tokens)
 
     def cancel(self, request_id: str) -> RequestOutput | None:
         """End a request (waiting or running); its chunks go back to the pool. None: not open."""
@@ -101,7 +148,7 @@ class Engine:
         state = self._requests.pop(request_id, None)
         if state is None:
             return None
-        self._scheduler.abort(request_id)
+        self._scheduler.abort(request_id)  # a held choice is not in the scheduler yet: nothing to do
         return state.end("abort")
 
     def stream(self, request_id: str, stop: Callable[[], bool] | None = None) -> Iterator[RequestOutput]:
@@ -131,7 +178,7 @@ class Engine:
 
     @property
     def has_work(self) -> bool:
-        return self._scheduler.has_work
+        return self._scheduler.has_work or bool(self._held_choices)
 
     def open_requests(self) -> list[str]:
         """Every request submitted and not yet ended."""
@@ -146,16 +193,21 @@ class Engine:
         self.last_admissions = plan.admitted
         outputs = self._settle_admissions(plan)
         if plan.is_empty:
+            if self._held_choices:
+                self._release_choices()
             return outputs
         params = {w.request_id: self._requests[w.request_id].params for w in plan.work}
         generators = {w.request_id: self._requests[w.request_id].generator for w in plan.work}
+        controls = {w.request_id: c for w in plan.work if (c := self._requests[w.request_id].controls) is not None}
         try:
-            result = self._runner.execute(plan, params, generators)
+            result = self._runner.execute(plan, params, generators, controls)
         except Exception:  # noqa: BLE001 - any fault in the forward or the copies
             return outputs + self._fail_step(plan)
         outputs += self._commit(plan, result)
         if plan.work:
             self._step_seconds.append(time.perf_counter() - t0)
+        if self._held_choices:
+            self._release_choices()
         return outputs
 
     def run_until_done(self) -> list[RequestOutput]:

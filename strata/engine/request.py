@@ -9,6 +9,7 @@ import torch
 
 from strata.detok import IncrementalDetokenizer
 from strata.errors import StrataError
+from strata.logit_controls import LogitControls
 from strata.sampler import TokenLogprobs
 from strata.sampling import SamplingParams
 
@@ -85,6 +86,7 @@ class RequestState:
     drafting: bool = False  # --spec: the engine drafts (timings then count drafts)
     num_drafted: int = 0  # drafts proposed for the request
     num_accepted: int = 0
+    controls: LogitControls | None = None  # penalties, logit_bias, min_tokens, a grammar
 
     def on_token(self, token_id: int, logprobs: TokenLogprobs | None, can_continue: bool) -> RequestOutput:
         """Adds a sampled token; decides whether the request is finished."""
@@ -94,6 +96,8 @@ class RequestState:
             self.first_token = now
         self.last_token = now
         self.output_ids.append(token_id)
+        if self.controls is not None:
+            self.controls.accept(token_id)
         text = ""
         if token_id in self.stop_token_ids:
             self.finish_reason = "stop"

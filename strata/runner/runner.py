@@ -10,6 +10,7 @@ from strata.cells.ring import KVRing
 from strata.cells.storage import KVStorage
 from strata.drafting.draft_model import DraftModel, ModelDrafter, with_drafts
 from strata.drafting.verify import verify
+from strata.logit_controls import LogitControls
 from strata.models.llama import LlamaModel
 from strata.runner.forward import LaneForward
 from strata.runner.inputs import StepInputs
@@ -36,6 +37,7 @@ class ModelRunner:
         plan: StepPlan,
         params: Mapping[str, SamplingParams],
         generators: Mapping[str, torch.Generator | None],
+        controls: Mapping[str, LogitControls] | None = None,
     ) -> StepOutput:
         """Runs `plan`'s copies and forward; samples one token for each lane that samples.
 
@@ -51,26 +53,37 @@ class ModelRunner:
             work = with_drafts(work, self.drafter.propose(work))
         inputs = self.lanes.inputs(work, fused_decode=self.ring is None)  # the ring reads its own way
         logits = self._forward(inputs, inputs.logits_rows, plan.busy_lanes)
-        return self._sample(logits, inputs.sample_work, params, generators)
+        return self._sample(logits, inputs.sample_work, params, generators, controls or {})
 
     def _sample(self, logits: torch.Tensor, work: Sequence[LaneWork], params: Mapping[str, SamplingParams],
-                generators: Mapping[str, torch.Generator | None]) -> StepOutput:
-        """logits [rows, vocab]: per lane of `work` in order, one row, or 1 + drafts rows to verify."""
+                generators: Mapping[str, torch.Generator | None],
+                controls: Mapping[str, LogitControls]) -> StepOutput:
+        """logits [rows, vocab]: per lane of `work` in order, one row, or 1 + drafts rows to verify.
+        Lanes with logit controls choose from their adjusted rows; logprobs stay the raw ones."""
         plain, drafted, row = [], [], 0
         for w in work:
             (drafted if w.num_drafts else plain).append((w, row))
             row += 1 + w.num_drafts
+        chosen = logits
+        if any(w.request_id in controls for w in work):
+            chosen = logits.float().clone()  # [rows, vocab]
+            for w, r in plain + drafted:
+                if (c := controls.get(w.request_id)) is not None:
+                    c.apply(chosen[r : r + 1 + w.num_drafts], w.token_ids[1:] if w.num_drafts else ())
         sampled: list[Sampled] = []
         if plain:
             ids = [w.request_id for w, _ in plain]
-            rows = logits if len(plain) == len(work) else logits[torch.tensor([r for _, r in plain])]
-            out = self.sampler.sample(rows, [params[i] for i in ids], [generators[i] for i in ids])
+            index = None if len(plain) == len(work) else torch.tensor([r for _, r in plain], device=logits.device)
+            rows, raw = (chosen, logits) if index is None else (chosen[index], logits[index])
+            out = self.sampler.sample(rows, [params[i] for i in ids], [generators[i] for i in ids],
+                                      raw=None if chosen is logits else raw)
             sampled += [Sampled(i, t, lp) for i, t, lp in zip(ids, out.token_ids, out.logprobs)]
         outcomes = []
         for w, r in drafted:
             rid = w.request_id
-            v = verify(self.sampler, logits[r : r + 1 + w.num_drafts].float(), w.token_ids[1:], params[rid],
-                       generators[rid])
+            span = slice(r, r + 1 + w.num_drafts)
+            v = verify(self.sampler, chosen[span].float(), w.token_ids[1:], params[rid], generators[rid],
+                       raw=None if chosen is logits else logits[span].float())
             sampled += [Sampled(rid, t, lp) for t, lp in zip(v.token_ids, v.logprobs)]
             outcomes.append(DraftOutcome(rid, w.num_drafts, v.num_accepted, w.token_ids[1:]))
         return StepOutput(tuple(sampled), tuple(outcomes))

@@ -38,6 +38,9 @@ from strata.server.origins import OriginPolicy
 from strata.server.routes import ServerState, router
 from strata.server.slots import slots_router
 from strata.server.settings import ServerSettings
+from strata.server.responses_api.routes import router as responses_router
+from strata.server.responses_api.store import ResponseStore
+from strata.server.utility_routes import router as utility_router
 from strata.server.webapp.routes import router as webapp_router
 
 DESCRIPTION = f"""OpenAI-compatible API over strata's lanes and shared KV pool.
@@ -60,7 +63,7 @@ def create_app(
     """`load_engine` runs on the engine thread when the app starts; /health is 503 until it returns."""
     metrics = ServerMetrics()
     loop = EngineLoop(load_engine, model_id, metrics, settings.max_waiting, on_load_error,
-                      HeapTrim(heap_trim_seconds(os.environ)))
+                      HeapTrim(heap_trim_seconds(os.environ)), settings.tool_call_parser, settings.reasoning_format)
     metrics.add_pool(lambda: loop.snapshot)
     state = ServerState(
         settings=settings, loop=loop, metrics=metrics, model_id=model_id, created=int(time.time())
@@ -83,9 +86,12 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.strata = state
+    app.state.responses = ResponseStore()  # /v1/responses kept for previous_response_id
     install_handlers(app)
     app.include_router(router)
     app.include_router(slots_router)
+    app.include_router(utility_router)  # /tokenize, /detokenize, /apply-template, /props
+    app.include_router(responses_router)  # /v1/responses
     app.include_router(anthropic_router)
     app.include_router(monitor_router)  # /monitor/feed, the live picture of the pool
     app.include_router(webapp_router)  # / and /ui/*: the browser app (chat and monitor)

@@ -27,6 +27,8 @@ from strata.server.settings import (
     DEFAULT_MAX_WAITING,
     DEFAULT_PORT,
     DEFAULT_SSE_KEEPALIVE_S,
+    REASONING_FORMATS,
+    TOOL_CALL_PARSERS,
     ServerSettings,
     model_id,
     resolve_api_key,
@@ -128,6 +130,20 @@ def add_server_args(s: argparse.ArgumentParser) -> None:
         help="the directory POST /slots/{id}?action=save|restore keeps session files in "
         "(file names only, confined to DIR); absent, those actions answer 403",
     )
+    g.add_argument(
+        "--tool-call-parser",
+        default="auto",
+        choices=TOOL_CALL_PARSERS,
+        help="how tool calls are read from answers: hermes (<tool_call> JSON), llama3_json, "
+        "mistral ([TOOL_CALLS]); auto (default) chooses from the chat template",
+    )
+    g.add_argument(
+        "--reasoning-format",
+        default="auto",
+        choices=REASONING_FORMATS,
+        help="auto (default): a <think> block at an answer's start is sent as reasoning_content "
+        "(Anthropic: thinking blocks); none: it stays in the content",
+    )
 
 
 def _is_loopback(host: str) -> bool:
@@ -158,6 +174,8 @@ def server_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> Ser
         allow_origins=_listed(args.allow_origin),
         allow_hosts=_listed(args.allow_host),
         slot_save_path=args.slot_save_path,
+        tool_call_parser=args.tool_call_parser,
+        reasoning_format=args.reasoning_format,
     )
 
 

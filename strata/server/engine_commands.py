@@ -12,9 +12,11 @@ from strata.sampling import SamplingParams
 
 @dataclass(frozen=True)
 class Add:
-    request_id: str
+    """n choices of one prompt (one request id and params each; n is usually 1)."""
+
+    request_ids: tuple[str, ...]
     prompt: Prompt | list[int]  # a Prompt was checked at the edge
-    params: SamplingParams
+    params: tuple[SamplingParams, ...]
     arrival: float
 
 

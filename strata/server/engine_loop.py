@@ -43,8 +43,18 @@ log = logging.getLogger("strata.server")
 
 
 class EngineLoop:
-    def __init__(self, load: Callable[[], Engine], model_id: str, metrics: ServerMetrics, max_waiting: int,
-                 on_load_error: Callable[[BaseException], None] | None = None, heap: HeapTrim | None = None):
+    def __init__(
+        self,
+        load: Callable[[], Engine],
+        model_id: str,
+        metrics: ServerMetrics,
+        max_waiting: int,
+        on_load_error: Callable[[BaseException], None] | None = None,
+        heap: HeapTrim | None = None,
+        tool_call_parser: str = "auto",
+        reasoning_format: str = "auto",
+    ):
+        self._answers = (tool_call_parser, reasoning_format)  # how answers are read (ModelInfo)
         self._load = load
         self._model_id = model_id
         self._metrics = metrics
@@ -59,6 +69,7 @@ class EngineLoop:
         self.load_error: BaseException | None = None
         self.info: ModelInfo | None = None
         self.num_lanes = 0
+        self.engine_info = None  # EngineInfo, once loaded
         self.snapshot: EngineSnapshot | None = None
         self.pool_watch = PoolWatch()  # pictures of the pool while a monitor watches
         # asyncio thread only.
@@ -105,14 +116,21 @@ class EngineLoop:
 
     def submit(self, prompt: Prompt | list[int], params: SamplingParams) -> RequestHandle:
         """Queue a request; QueueFullError when every lane is busy and max_waiting wait already."""
+        return self.submit_choices(prompt, [params])[0]
+
+    def submit_choices(self, prompt: Prompt | list[int], params: list[SamplingParams]) -> list[RequestHandle]:
+        """n choices of one prompt (params[i] for choice i), one handle each; the engine
+        prefills the prompt once (Engine.submit_choices)."""
         self.check_ready()
         self.check_capacity()
-        request_id = f"{self._prefix}-{next(self._ids)}"
-        handle = RequestHandle(request_id, self)
-        self._handles[request_id] = handle
-        self._num_active += 1
-        self._inbox.put(Add(request_id, prompt, params, time.perf_counter()))
-        return handle
+        base = f"{self._prefix}-{next(self._ids)}"
+        ids = [base] + [f"{base}.{i}" for i in range(1, len(params))]
+        handles = [RequestHandle(request_id, self) for request_id in ids]
+        for handle in handles:
+            self._handles[handle.request_id] = handle
+        self._num_active += len(handles)
+        self._inbox.put(Add(tuple(ids), prompt, tuple(params), time.perf_counter()))
+        return handles
 
     async def call(self, fn: Callable[[Engine], object]) -> object:
         """`fn(engine)` on the engine thread between two steps; raises what it raises."""
@@ -172,8 +190,10 @@ class EngineLoop:
                 log.error("the model failed to load: %s", exc)
             return
         info = engine.info
-        self.info = ModelInfo(self._model_id, info.tokenizer, info.max_context, info.vocab_size, info.fingerprint)
+        self.info = ModelInfo(self._model_id, info.tokenizer, info.max_context, info.vocab_size, info.fingerprint,
+                              *self._answers)
         self.num_lanes = info.num_lanes
+        self.engine_info = info
         self.snapshot = engine.snapshot()
         engine.add_session_listener(self.wake)  # a session file's stream ended: settle it
         self.state = "ready"
@@ -220,22 +240,26 @@ class EngineLoop:
             except Exception as exc:  # noqa: BLE001 - the caller's to report (a bad file is a 400)
                 command.future.set_exception(exc)
             return []
-        request_id = command.request_id
         if isinstance(command, Cancel):
+            request_id = command.request_id
             self._open.discard(request_id)
             if engine.cancel(request_id) is not None:
                 self._metrics.finished.labels("abort").inc()
             return []
+        ids = command.request_ids
         try:
-            engine.submit(command.prompt, command.params, request_id, arrival=command.arrival)
+            if len(ids) == 1:
+                engine.submit(command.prompt, command.params[0], ids[0], arrival=command.arrival)
+            else:
+                engine.submit_choices(command.prompt, command.params, ids, arrival=command.arrival)
         except StrataError as exc:
-            return [(request_id, Failed(exc))]
+            return [(request_id, Failed(exc)) for request_id in ids]
         except Exception as exc:  # the client gets an incident id; the log gets the cause under it
             log.exception("submit failed")
             error = ServerError("the engine could not take the request")
             error.__cause__ = exc
-            return [(request_id, Failed(error))]
-        self._open.add(request_id)
+            return [(request_id, Failed(error)) for request_id in ids]
+        self._open.update(ids)
         return []
 
     def _step(self, engine: Engine) -> list[tuple[str, Event]]:
@@ -280,7 +304,7 @@ class EngineLoop:
         for request_id in self._accepted(engine):
             engine.cancel(request_id)
             batch.append((request_id, Failed(error)))
-        batch += [(c.request_id, Failed(error)) for c in unread if isinstance(c, Add)]
+        batch += [(request_id, Failed(error)) for c in unread if isinstance(c, Add) for request_id in c.request_ids]
         for c in (c for c in unread if isinstance(c, Call)):
             c.future.set_exception(error)
         engine.close_sessions()  # the files in flight complete (or are removed), their callers hear

@@ -19,12 +19,16 @@ from strata.server.errors import error_body
 from strata.server.sse import DONE, comment, data_event
 
 
-def usage_of(out: RequestOutput) -> r.Usage:
+def usage_of(finals: RequestOutput | Sequence[RequestOutput]) -> r.Usage:
+    """Usage of one answer, or of n choices of one prompt (the prompt counted once)."""
+    finals = [finals] if isinstance(finals, RequestOutput) else list(finals)
+    prompt = finals[0].num_prompt_tokens
+    output = sum(f.num_output_tokens for f in finals)
     return r.Usage(
-        prompt_tokens=out.num_prompt_tokens,
-        completion_tokens=out.num_output_tokens,
-        total_tokens=out.num_prompt_tokens + out.num_output_tokens,
-        prompt_tokens_details=r.PromptTokensDetails(cached_tokens=out.num_cached_tokens),
+        prompt_tokens=prompt,
+        completion_tokens=output,
+        total_tokens=prompt + output,
+        prompt_tokens_details=r.PromptTokensDetails(cached_tokens=finals[0].num_cached_tokens),
     )
 
 
@@ -49,15 +53,13 @@ class TokenText:
 
 class Format(Protocol):
     def opening(self) -> list[str]: ...
-    def delta(self, text: str, logprobs: Sequence[TokenLogprobs]) -> str | None: ...
-    def final(self, out: RequestOutput) -> str: ...
-    def usage(self, out: RequestOutput) -> str: ...
-    def response(
-        self, text: str, logprobs: Sequence[TokenLogprobs], out: RequestOutput
-    ) -> r.ChatCompletion | r.Completion: ...
+    def delta(self, out: RequestOutput, index: int = 0) -> list[str]: ...
+    def final(self, out: RequestOutput, index: int = 0) -> str: ...
+    def usage(self, finals: Sequence[RequestOutput]) -> str: ...
+    def response(self, gots: Sequence[Collected]) -> r.ChatCompletion | r.Completion: ...
 
 
-class _Stream:
+class Stream:
     """What both formats share: the response id, creation time, model and fingerprint that
     every chunk of one response repeats."""
 
@@ -85,61 +87,19 @@ class _Stream:
     def _chunk(self, choices: list, **extra) -> str:
         return self._body(self.chunk_type, choices, **extra).model_dump_json()
 
-    def usage(self, out: RequestOutput) -> str:
-        return self._chunk([], usage=usage_of(out))
+    def usage(self, finals: Sequence[RequestOutput]) -> str:
+        return self._chunk([], usage=usage_of(finals))
 
 
-class ChatFormat(_Stream):
-    id_prefix, chunk_type = "chatcmpl", r.ChatCompletionChunk
-
-    def _logprobs(self, logprobs: Sequence[TokenLogprobs]) -> r.ChatLogprobs | None:
-        if not self._want_logprobs:
-            return None
-        content = []
-        for lp in logprobs:
-            chosen = self._tokens.top(lp.token_id, lp.logprob)
-            top = [self._tokens.top(t, v) for t, v in lp.top]
-            content.append(r.TokenLogprob(**chosen.model_dump(), top_logprobs=top))
-        return r.ChatLogprobs(content=content)
-
-    def opening(self) -> list[str]:
-        return [self._chunk([r.ChatChunkChoice(delta=r.ChatDelta(role="assistant", content=""))])]
-
-    def delta(self, text: str, logprobs: Sequence[TokenLogprobs]) -> str | None:
-        if not text and not (self._want_logprobs and logprobs):
-            return None
-        return self._chunk(
-            [r.ChatChunkChoice(delta=r.ChatDelta(content=text), logprobs=self._logprobs(logprobs))]
-        )
-
-    def final(self, out: RequestOutput) -> str:
-        choice = r.ChatChunkChoice(
-            delta=r.ChatDelta(), finish_reason=out.finish_reason, truncated=out.truncated
-        )
-        return self._chunk([choice], timings=timings_of(out))
-
-    def response(
-        self, text: str, logprobs: Sequence[TokenLogprobs], out: RequestOutput
-    ) -> r.ChatCompletion:
-        choice = r.ChatChoice(
-            message=r.AssistantMessage(content=text),
-            logprobs=self._logprobs(logprobs),
-            finish_reason=out.finish_reason or "stop",
-            truncated=out.truncated,
-        )
-        return self._body(r.ChatCompletion, [choice], usage=usage_of(out), timings=timings_of(out))
-
-
-class CompletionFormat(_Stream):
+class CompletionFormat(Stream):
     id_prefix, chunk_type = "cmpl", r.Completion
 
-    def __init__(
-        self, request_id: str, model: str, fingerprint: str, tokens: TokenText, want_logprobs: bool
-    ):
+    def __init__(self, request_id: str, model: str, fingerprint: str, tokens: TokenText, want_logprobs: bool,
+                 n: int = 1):
         super().__init__(request_id, model, fingerprint, tokens, want_logprobs)
-        self._offset = 0  # text_offset of the next token, from the start of the completion
+        self._offsets = [0] * n  # per choice: text_offset of the next token, from the completion's start
 
-    def _logprobs(self, logprobs: Sequence[TokenLogprobs]) -> r.CompletionLogprobs | None:
+    def _logprobs(self, logprobs: Sequence[TokenLogprobs], index: int = 0) -> r.CompletionLogprobs | None:
         if not self._want_logprobs:
             return None
         out = r.CompletionLogprobs(tokens=[], token_logprobs=[], top_logprobs=[], text_offset=[])
@@ -148,34 +108,38 @@ class CompletionFormat(_Stream):
             out.tokens.append(text)
             out.token_logprobs.append(lp.logprob)
             out.top_logprobs.append({self._tokens(t): v for t, v in lp.top})
-            out.text_offset.append(self._offset)
-            self._offset += len(text)
+            out.text_offset.append(self._offsets[index])
+            self._offsets[index] += len(text)
         return out
 
     def opening(self) -> list[str]:
         return []
 
-    def delta(self, text: str, logprobs: Sequence[TokenLogprobs]) -> str | None:
+    def delta(self, out: RequestOutput, index: int = 0) -> list[str]:
+        text, logprobs = out.new_text, out.new_logprobs
         if not text and not (self._want_logprobs and logprobs):
-            return None
-        return self._chunk([r.CompletionChoice(text=text, logprobs=self._logprobs(logprobs))])
+            return []
+        return [self._chunk([r.CompletionChoice(index=index, text=text, logprobs=self._logprobs(logprobs, index))])]
 
-    def final(self, out: RequestOutput) -> str:
+    def final(self, out: RequestOutput, index: int = 0) -> str:
         choice = r.CompletionChoice(
-            text="", finish_reason=out.finish_reason, truncated=out.truncated
+            index=index, text="", finish_reason=out.finish_reason, truncated=out.truncated
         )
         return self._chunk([choice], timings=timings_of(out))
 
-    def response(
-        self, text: str, logprobs: Sequence[TokenLogprobs], out: RequestOutput
-    ) -> r.Completion:
-        choice = r.CompletionChoice(
-            text=text,
-            logprobs=self._logprobs(logprobs),
-            finish_reason=out.finish_reason or "stop",
-            truncated=out.truncated,
-        )
-        return self._body(r.Completion, [choice], usage=usage_of(out), timings=timings_of(out))
+    def response(self, gots: Sequence[Collected]) -> r.Completion:
+        choices = [
+            r.CompletionChoice(
+                index=i,
+                text=got.text,
+                logprobs=self._logprobs(got.logprobs, i),
+                finish_reason=got.final.finish_reason or "stop",
+                truncated=got.final.truncated,
+            )
+            for i, got in enumerate(gots)
+        ]
+        finals = [g.final for g in gots]
+        return self._body(r.Completion, choices, usage=usage_of(finals), timings=timings_of(finals[0]))
 
 
 class OpenAIResponse:
@@ -189,13 +153,15 @@ class OpenAIResponse:
     def opening(self, first) -> list[str]:
         return [data_event(o) for o in self._fmt.opening()]
 
-    def delta(self, out: RequestOutput) -> list[str]:
-        delta = self._fmt.delta(out.new_text, out.new_logprobs)
-        return [] if delta is None else [data_event(delta)]
+    def delta(self, out: RequestOutput, index: int = 0) -> list[str]:
+        return [data_event(d) for d in self._fmt.delta(out, index)]
 
-    def closing(self, final: RequestOutput) -> list[str]:
-        usage = [data_event(self._fmt.usage(final))] if self._include_usage else []
-        return [data_event(self._fmt.final(final)), *usage, DONE]
+    def closing(self, final: RequestOutput, index: int = 0) -> list[str]:
+        return [data_event(self._fmt.final(final, index))]
+
+    def done(self, finals: Sequence[RequestOutput]) -> list[str]:
+        usage = [data_event(self._fmt.usage(finals))] if self._include_usage else []
+        return [*usage, DONE]
 
     def error(self, error: BaseException) -> list[str]:
         return [data_event({"error": error_body(error)}), DONE]
@@ -203,5 +169,5 @@ class OpenAIResponse:
     def keepalive(self, admitted: bool) -> str:
         return comment("working" if admitted else "waiting")
 
-    def whole(self, got: Collected) -> dict:
-        return self._fmt.response(got.text, got.logprobs, got.final).model_dump(mode="json", exclude_none=False)
+    def whole(self, gots: Sequence[Collected]) -> dict:
+        return self._fmt.response(gots).model_dump(mode="json", exclude_none=False)

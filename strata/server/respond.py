@@ -15,7 +15,7 @@ is closed, which cancels the request at the engine's next step.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from typing import Protocol, TypeVar
 
 from fastapi import Request
@@ -32,16 +32,20 @@ CLIENT_CLOSED = 499  # nginx's code; nobody reads it, the client is gone
 
 
 class ResponseFormat(Protocol):
-    """How one API spells a response: the stream's events (whole SSE strings) and the body."""
+    """How one API spells a response: the stream's events (whole SSE strings) and the body.
+    `index` is the choice (n > 1 choices of one prompt; 0 otherwise)."""
 
     def opening(self, first: Event | None) -> list[str]:
         """Events before any text (`first`: the event the stream starts on; None: none yet)."""
 
-    def delta(self, out: RequestOutput) -> list[str]:
+    def delta(self, out: RequestOutput, index: int = 0) -> list[str]:
         """Events for one output's new text (and logprobs)."""
 
-    def closing(self, final: RequestOutput) -> list[str]:
-        """Events after the last output (finish reason, usage, the end marker)."""
+    def closing(self, final: RequestOutput, index: int = 0) -> list[str]:
+        """Events after a choice's last output (its finish reason)."""
+
+    def done(self, finals: Sequence[RequestOutput]) -> list[str]:
+        """Events after every choice ended (usage, the end marker)."""
 
     def error(self, error: BaseException) -> list[str]:
         """Events for a failure after the stream started (the stream ends after them)."""
@@ -49,8 +53,8 @@ class ResponseFormat(Protocol):
     def keepalive(self, admitted: bool) -> str:
         """What a stream sends while nothing happens."""
 
-    def whole(self, got: Collected) -> dict:
-        """The body of a non-streamed response."""
+    def whole(self, gots: Sequence[Collected]) -> dict:
+        """The body of a non-streamed response (one Collected per choice)."""
 
 
 class Disconnected(Exception):
@@ -104,44 +108,86 @@ async def first_event(request: Request, handle: RequestHandle, keepalive_s: floa
     return first
 
 
-async def respond(request: Request, loop: EngineLoop, job: Job, fmt_for, keepalive_s: float) -> Response:
-    """Run `job`; `fmt_for(request_id)` builds the request's ResponseFormat."""
-    handle = loop.submit(job.prompt, job.params)
-    fmt: ResponseFormat = fmt_for(handle.request_id)
-    try:
-        if job.stream:
-            first = await first_event(request, handle, keepalive_s)
-            stream = EventStream(_events(handle, first, fmt, keepalive_s), on_close=handle.close)
-            handle = None  # the stream owns it now
-            return stream
-        got = await unless_disconnected(request, _collect(handle))
-        return JSONResponse(fmt.whole(got))
-    except Disconnected:
-        return Response(status_code=CLIENT_CLOSED)
-    finally:
-        if handle is not None:
+class Choices:
+    """The handles of one request's choices, read as one stream of (index, event)."""
+
+    def __init__(self, handles: list[RequestHandle]):
+        self.handles = handles
+        self._waiting: dict[int, asyncio.Future] = {}
+
+    @property
+    def admitted(self) -> bool:
+        return self.handles[0].admitted
+
+    async def next(self, timeout: float | None, open_: set[int]) -> tuple[int, Event] | None:
+        """The next event of a choice in `open_`, lowest index first; None after `timeout`."""
+        for i in sorted(open_):
+            if i not in self._waiting:
+                self._waiting[i] = asyncio.ensure_future(self.handles[i].next())
+        pending = {self._waiting[i] for i in open_}
+        done, _ = await asyncio.wait(pending, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        for i in sorted(open_):
+            task = self._waiting[i]
+            if task in done:
+                del self._waiting[i]
+                return i, task.result()
+        return None
+
+    def close(self) -> None:
+        for task in self._waiting.values():
+            task.cancel()
+        for handle in self.handles:
             handle.close()
 
 
-async def _events(handle: RequestHandle, first: Event | None, fmt: ResponseFormat,
+async def respond(request: Request, loop: EngineLoop, job: Job, fmt_for, keepalive_s: float) -> Response:
+    """Run `job` (its n choices); `fmt_for(request_id)` builds the request's ResponseFormat."""
+    handles = loop.submit_choices(job.prompt, job.choice_params())
+    choices: Choices | None = Choices(handles)
+    fmt: ResponseFormat = fmt_for(handles[0].request_id)
+    try:
+        if job.stream:
+            first = await first_event(request, handles[0], keepalive_s)
+            stream = EventStream(_events(choices, first, fmt, keepalive_s), on_close=choices.close)
+            choices = None  # the stream owns them now
+            return stream
+        gots = await unless_disconnected(request, asyncio.gather(*(_collect(h) for h in handles)))
+        return JSONResponse(fmt.whole(gots))
+    except Disconnected:
+        return Response(status_code=CLIENT_CLOSED)
+    finally:
+        if choices is not None:
+            choices.close()
+
+
+async def _events(choices: Choices, first: Event | None, fmt: ResponseFormat,
                   keepalive_s: float) -> AsyncIterator[str]:
     for opening in fmt.opening(first):
         yield opening
-    event = first
+    open_ = set(range(len(choices.handles)))
+    finals: dict[int, RequestOutput] = {}
+    item: tuple[int, Event] | None = (0, first) if first is not None else None
     while True:
-        if event is None:
-            yield fmt.keepalive(handle.admitted)
-        elif (error := _failure(event)) is not None:  # refused or failed after the stream started
-            for e in fmt.error(error):
-                yield e
-            return
-        elif isinstance(event, RequestOutput):
-            for delta in fmt.delta(event):
-                yield delta
-            if event.finished:
-                for closing in fmt.closing(event):
-                    yield closing
+        if item is None:
+            yield fmt.keepalive(choices.admitted)
+        else:
+            index, event = item
+            if (error := _failure(event)) is not None:  # refused or failed after the stream started
+                for e in fmt.error(error):
+                    yield e
                 return
-        elif not isinstance(event, Admitted):
-            raise AssertionError(f"unexpected event {event!r}")
-        event = await handle.next(timeout=keepalive_s if keepalive_s > 0 else None)
+            if isinstance(event, RequestOutput):
+                for delta in fmt.delta(event, index):
+                    yield delta
+                if event.finished:
+                    for closing in fmt.closing(event, index):
+                        yield closing
+                    finals[index] = event
+                    open_.discard(index)
+                    if not open_:
+                        for e in fmt.done([finals[i] for i in sorted(finals)]):
+                            yield e
+                        return
+            elif not isinstance(event, Admitted):
+                raise AssertionError(f"unexpected event {event!r}")
+        item = await choices.next(keepalive_s if keepalive_s > 0 else None, open_)

@@ -67,9 +67,23 @@ class CompletionLogprobs(BaseModel):
 # ---- chat ----------------------------------------------------------------------------------
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # a JSON object's text
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    # A reasoning model's thinking (vLLM's and llama.cpp's name), absent when there is none
+    reasoning_content: str | None = Field(None, exclude_if=_absent_if_none)
+    tool_calls: list[ToolCallOut] | None = Field(None, exclude_if=_absent_if_none)
 
 
 class ChatChoice(BaseModel):
@@ -91,9 +105,23 @@ class ChatCompletion(BaseModel):
     timings: Timings | None = None
 
 
+class FunctionCallDelta(BaseModel):
+    name: str | None = Field(None, exclude_if=_absent_if_none)
+    arguments: str | None = Field(None, exclude_if=_absent_if_none)
+
+
+class ToolCallDelta(BaseModel):
+    index: int
+    id: str | None = Field(None, exclude_if=_absent_if_none)
+    type: Literal["function"] | None = Field(None, exclude_if=_absent_if_none)
+    function: FunctionCallDelta
+
+
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = Field(None, exclude_if=_absent_if_none)
     content: str | None = Field(None, exclude_if=_absent_if_none)
+    reasoning_content: str | None = Field(None, exclude_if=_absent_if_none)
+    tool_calls: list[ToolCallDelta] | None = Field(None, exclude_if=_absent_if_none)
 
 
 class ChatChunkChoice(BaseModel):

@@ -18,7 +18,8 @@ from starlette.concurrency import run_in_threadpool
 
 from strata.server.engine_loop import EngineLoop
 from strata.server.errors import NotReady
-from strata.server.formats import ChatFormat, CompletionFormat, OpenAIResponse, TokenText
+from strata.server.chat_format import ChatFormat
+from strata.server.formats import CompletionFormat, OpenAIResponse, TokenText
 from strata.server.metrics import ServerMetrics
 from strata.server.params import Job, ModelInfo, chat_job, completion_job
 from strata.server.requests import ChatCompletionRequest, CompletionRequest
@@ -76,8 +77,9 @@ def _format(kind: type, info: ModelInfo, job: Job):
     tokens = TokenText(info.tokenizer)
 
     def make(request_id: str) -> OpenAIResponse:
+        extra = {"shape": job.shape} if kind is ChatFormat else {}
         fmt = kind(request_id, model=info.model_id, fingerprint=info.fingerprint, tokens=tokens,
-                   want_logprobs=job.want_logprobs)
+                   want_logprobs=job.want_logprobs, n=job.n, **extra)
         return OpenAIResponse(fmt, job.include_usage)
 
     return make

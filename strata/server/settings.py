@@ -23,6 +23,8 @@ DEFAULT_SSE_KEEPALIVE_S = 10.0
 # bounds the bodies being buffered at once to 128 x --max-body-bytes (1 GiB by default).
 DEFAULT_MAX_CONNECTIONS = 128
 API_KEY_ENV = "STRATA_API_KEY"
+TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral")
+REASONING_FORMATS = ("auto", "none")
 
 
 @dataclass(frozen=True)
@@ -55,8 +57,20 @@ class ServerSettings:
     # The one directory POST /slots/{id}?action=save|restore reads and writes session files
     # in (a real path); None: those actions answer 403 not_supported.
     slot_save_path: str | None = None
+    # How tool calls are read from answers (vLLM's --tool-call-parser names); auto: from the
+    # chat template (Mistral's [TOOL_CALLS], Llama 3's <|python_tag|>, else Hermes's <tool_call>).
+    tool_call_parser: str = "auto"
+    # auto: a <think> block (or the template's markers) at an answer's start is reasoning_content;
+    # none: it stays in the content (llama.cpp's --reasoning-format).
+    reasoning_format: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.tool_call_parser not in TOOL_CALL_PARSERS:
+            raise ConfigError(f"--tool-call-parser must be one of {', '.join(TOOL_CALL_PARSERS)}, "
+                              f"got {self.tool_call_parser!r}")
+        if self.reasoning_format not in REASONING_FORMATS:
+            raise ConfigError(f"--reasoning-format must be one of {', '.join(REASONING_FORMATS)}, "
+                              f"got {self.reasoning_format!r}")
         object.__setattr__(self, "slot_save_path", check_slot_save_path(self.slot_save_path))
         if not isinstance(self.host, str) or not self.host:
             raise ConfigError(f"--host must be a host name or address, got {self.host!r}")

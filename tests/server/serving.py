@@ -66,7 +66,7 @@ class RunningServer:
         import openai
 
         return openai.OpenAI(
-            base_url=f"{self.base_url}/v1", api_key=self.api_key or "none", timeout=120.0, **kwargs
+            base_url=f"{self.base_url}/v1", **{"api_key": self.api_key or "none", "timeout": 120.0, **kwargs}
         )
 
     def anthropic(self, **kwargs):

@@ -143,8 +143,8 @@ def test_a_final_assistant_message_is_continued(main_server):
 def test_errors_in_anthropics_shape(main_server):
     client = main_server.anthropic(max_retries=0)
     cases = [
-        ({"tools": [{"name": "x", "input_schema": {"type": "object"}}]}, "tools"),
-        ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking"),
+        ({"tools": [{"type": "bash_20250124", "name": "bash"}]}, "bash_20250124"),
+        ({"thinking": {"type": "sometimes"}}, "thinking.type"),
         ({"messages": [{"role": "user", "content": [
             {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}
         ]}]}, "'image'"),

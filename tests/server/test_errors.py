@@ -64,7 +64,7 @@ CHAT_CASES = {
     "top_p over 1": (chat(top_p=2), 400, "invalid_request_error", "top_p"),
     "seed too big": (chat(seed=2**70), 400, "invalid_request_error", "seed"),
     "stop not strings": (chat(stop=[1, 2]), 400, "invalid_request_error", "stop"),
-    "n of 2": (chat(n=2), 400, "unsupported_parameter", "n"),
+    "n of 17": (chat(n=17), 400, "invalid_request_error", "n"),
     "n of 0": (chat(n=0), 400, "invalid_request_error", "n"),
     "top_logprobs without logprobs": (
         chat(top_logprobs=2),
@@ -84,24 +84,37 @@ CHAT_CASES = {
         "invalid_request_error",
         "stream_options",
     ),
-    "presence_penalty": (
-        chat(presence_penalty=0.5),
+    "presence_penalty": (chat(presence_penalty=2.5), 400, "invalid_request_error", "presence_penalty"),
+    "repeat_penalty": (chat(repeat_penalty=0.0), 400, "invalid_request_error", "repeat_penalty"),
+    "logit_bias": (chat(logit_bias={"1": 500.0}), 400, "invalid_request_error", "logit_bias"),
+    "logit_bias token": (chat(logit_bias={"99999999": 1.0}), 400, "invalid_request_error", "logit_bias"),
+    "min_tokens": (chat(min_tokens=5, max_tokens=2), 400, "invalid_request_error", "min_tokens"),
+    "a built-in tool": (chat(tools=[{"type": "web_search"}]), 400, "unsupported_parameter", "tools[0].type"),
+    "an unknown tool": (
+        chat(tools=[{"type": "function", "function": {"name": "f"}}], tool_choice={
+            "type": "function", "function": {"name": "g"}}),
         400,
-        "unsupported_parameter",
-        "presence_penalty",
+        "invalid_request_error",
+        "tool_choice",
     ),
-    "logit_bias": (chat(logit_bias={"1": 5.0}), 400, "unsupported_parameter", "logit_bias"),
-    "tools": (
-        chat(tools=[{"type": "function", "function": {"name": "f"}}]),
+    "structural tags": (
+        chat(response_format={"type": "structural_tag"}),
         400,
         "unsupported_parameter",
-        "tools",
+        "response_format.type",
     ),
-    "json mode": (
-        chat(response_format={"type": "json_object"}),
+    "two grammars": (
+        chat(response_format={"type": "json_object"}, guided_regex="a+"),
         400,
-        "unsupported_parameter",
-        "response_format",
+        "invalid_request_error",
+        "guided_regex",
+    ),
+    "a bad GBNF grammar": (chat(grammar="root ::= ("), 400, "invalid_grammar", "grammar"),
+    "a template variable the server sets": (
+        chat(chat_template_kwargs={"messages": []}),
+        400,
+        "invalid_request_error",
+        "chat_template_kwargs.messages",
     ),
     "unknown model": (chat(model="gpt-4o"), 404, "model_not_found", "model"),
 }

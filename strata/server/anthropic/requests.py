@@ -20,20 +20,15 @@ FIELD_POLICY = """\
 - Accepted: `cache_control` (top level or on blocks: the conversation cache reuses every
   cached prefix anyway, and `usage.cache_read_input_tokens` says how much), metadata.user_id
   and service_tier (they do not change the output).
-- Accepted only at their neutral value, else a 400 `invalid_request_error`: tools ([]),
-  tool_choice ({"type": "none"} or {"type": "auto"} without tools), thinking
-  ({"type": "disabled"}); any content block but text (images, documents, tool_use,
-  tool_result, thinking, ...) is a 400.
+- Honoured too: tools (custom tools: name, description, input_schema; server tools are a
+  400 naming them), tool_choice (auto, any, tool, none; disable_parallel_tool_use),
+  `tool_use` blocks in assistant turns and `tool_result` blocks in user turns; thinking
+  (enabled or disabled: passed to the template as enable_thinking; a reasoning model's
+  `<think>` block comes back as a `thinking` content block); thinking blocks in the history
+  are dropped. Any other content block (images, documents, ...) is a 400.
 - usage: input_tokens counts the prompt tokens read afresh, cache_read_input_tokens the
   ones reused from the conversation cache (their sum is the prompt), cache_creation 0.
 """
-
-# field -> (what it asks for, the values that ask for nothing)
-NEUTRAL_ONLY = {
-    "tools": ("tool use", ([],)),
-    "tool_choice": ("tool use", ({"type": "none"}, {"type": "auto"})),
-    "thinking": ("extended thinking", ({"type": "disabled"},)),
-}
 
 
 class StrictModel(BaseModel):
@@ -89,15 +84,15 @@ class MessagesRequest(StrictModel):
     cache_control: CacheControl | None = Field(
         None, description="accepted: every prefix is cached anyway"
     )
-    tools: list[dict[str, Any]] | None = Field(None, description="only the neutral value")
-    tool_choice: dict[str, Any] | None = Field(None, description="only the neutral value")
-    thinking: dict[str, Any] | None = Field(None, description="only the neutral value")
+    tools: list[dict[str, Any]] | None = Field(None, description="custom tools")
+    tool_choice: dict[str, Any] | None = Field(None, description="auto, any, tool or none")
+    thinking: dict[str, Any] | None = Field(None, description="enabled or disabled")
 
 
 class CountTokensRequest(StrictModel):
     model: str
     messages: list[Message] = Field(..., min_length=1)
     system: str | list[TextBlock] | None = None
-    tools: list[dict[str, Any]] | None = Field(None, description="only the neutral value")
-    tool_choice: dict[str, Any] | None = Field(None, description="only the neutral value")
-    thinking: dict[str, Any] | None = Field(None, description="only the neutral value")
+    tools: list[dict[str, Any]] | None = Field(None, description="custom tools")
+    tool_choice: dict[str, Any] | None = Field(None, description="auto, any, tool or none")
+    thinking: dict[str, Any] | None = Field(None, description="enabled or disabled")

@@ -11,20 +11,23 @@ from strata.server.handle import Admitted, Event
 
 
 class MessagesResponse:
-    def __init__(self, fmt: MessageFormat):
+    def __init__(self, fmt: MessageFormat, eager_text: bool = False):
         self._fmt = fmt
+        self._eager_text = eager_text  # the text block starts with the stream (no tools, no thinking markers)
 
     def opening(self, first: Event | None) -> list[str]:
         # Not admitted yet: message_start says 0 cached; message_delta's usage says how many were reused.
         cached = first.num_cached_tokens if isinstance(first, (Admitted, RequestOutput)) else 0
-        return self._fmt.opening(cached)
+        return self._fmt.opening(cached, self._eager_text)
 
-    def delta(self, out: RequestOutput) -> list[str]:
-        delta = self._fmt.delta(out.new_text)
-        return [] if delta is None else [delta]
+    def delta(self, out: RequestOutput, index: int = 0) -> list[str]:
+        return self._fmt.delta(out)
 
-    def closing(self, final: RequestOutput) -> list[str]:
+    def closing(self, final: RequestOutput, index: int = 0) -> list[str]:
         return self._fmt.closing(final)
+
+    def done(self, finals) -> list[str]:
+        return []
 
     def error(self, error: BaseException) -> list[str]:
         return [event("error", error_event_payload(error))]
@@ -32,5 +35,6 @@ class MessagesResponse:
     def keepalive(self, admitted: bool) -> str:
         return PING
 
-    def whole(self, got: Collected) -> dict:
+    def whole(self, gots) -> dict:
+        got: Collected = gots[0]
         return self._fmt.message(got.text, got.final).model_dump(mode="json")

@@ -18,6 +18,7 @@ from strata.server.anthropic.requests import (
 )
 from strata.server.anthropic.response import MessagesResponse
 from strata.server.anthropic.shapes import MessageFormat
+from strata.server.reasoning import MARKERS
 from strata.server.respond import respond
 from strata.server.anthropic.shapes import ErrorBody, MessageBody, TokenCount
 
@@ -56,7 +57,10 @@ async def messages(body: MessagesRequest, request: Request) -> Response:
     assert job.params.max_tokens is not None  # required by the Messages API
 
     def fmt_for(request_id: str) -> MessagesResponse:
-        return MessagesResponse(MessageFormat(request_id, info.model_id, job.params.max_tokens, len(job.prompt.token_ids)))
+        template = info.tokenizer.chat_template or ""
+        eager = job.tools is None and not any(o in template for o, _ in MARKERS)
+        return MessagesResponse(MessageFormat(request_id, info.model_id, job.params.max_tokens,
+                                              len(job.prompt.token_ids), job.shape), eager)
 
     return await respond(request, state.loop, job, fmt_for, state.settings.sse_keepalive_s)
 
