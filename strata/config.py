@@ -105,7 +105,7 @@ class EngineConfig:
 FUSED_ENV = "STRATA_FUSED"
 CACHE_ENV = "STRATA_CACHE_DIR"
 HEAP_TRIM_ENV = "STRATA_HEAP_TRIM"
-DEFAULT_HEAP_TRIM_S = None  # off unless asked: benchmarks/soak.py measured no gain (docs/browser.md)
+DEFAULT_HEAP_TRIM_S = None  # off unless asked: no soak has measured a gain (docs/browser.md)
 
 
 def heap_trim_seconds(environ: Mapping[str, str] | None = None) -> float | None:

@@ -66,6 +66,13 @@ async def _wait_disconnect(request: Request) -> None:
         pass
 
 
+def _retrieve(task: asyncio.Future) -> None:
+    """Reads a cancelled task's outcome, so asyncio does not log it as never retrieved (a
+    cancelled gather ends with CancelledError set as its exception, not as cancelled)."""
+    if not task.cancelled():
+        task.exception()
+
+
 async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     """`await work`, or raise Disconnected as soon as the client goes away."""
     task = asyncio.ensure_future(work)
@@ -76,6 +83,7 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
         watcher.cancel()
         if not task.done():
             task.cancel()
+            task.add_done_callback(_retrieve)
     if task.done() and not task.cancelled():
         return task.result()
     raise Disconnected

@@ -38,6 +38,7 @@ QUICK = {
     "grammar": ([], ["grammar.json", "grammar.png"], []),
     "quant_kernels": ([], ["quant_kernels-576-192-1536.json", "quant_kernels-576-192-1536.png"], []),
     "soak": (["--out", "{out}/soak.json"], ["soak.json", "soak.png"], []),
+    "flood": ([], ["flood.json", "flood.png"], ["the save answered 409 directory_missing"]),
     "cluster": (["--port", "{port}"], ["cluster.json", "cluster.png"], []),
 }
 # Not a Python benchmark: ring_cuda.sh runs the ring's tests on a CUDA machine.

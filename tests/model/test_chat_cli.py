@@ -158,6 +158,10 @@ def test_chat_saves_and_loads_in_a_new_process(gguf_path, tmp_path):
     assert SAVED.search(said), said
     num_turns, num_saved = (int(g) for g in SAVED.search(said).groups())
     assert num_turns == 2
+    gone = str(tmp_path / "gone" / "chat.strata")  # the storage's error, named as the HTTP slots name it
+    refused = " ".join(first.command(f"/save {gone}").split())  # the terminal wraps long lines
+    assert "error: the directory" in refused and "no longer exists" in refused and "bytes" in refused, refused
+    assert not os.path.exists(os.path.dirname(gone))
     a3, (p3, c3, _, _) = first.ask(q3)  # the same process's next turn: what a load must match
     first.child.sendline("/quit")
     first.child.expect(pexpect.EOF)

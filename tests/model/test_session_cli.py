@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 
 import pytest
 
@@ -41,3 +43,16 @@ def test_session_commands(tiny_llama_dir, tmp_path, capsys):
     assert code == 1 and out is None and "checksum mismatch" in err
     code, out, err = run(capsys, "session", "restore", str(tmp_path / "bad.strata"), *engine)
     assert code == 1 and out is None and "checksum mismatch" in err
+
+
+def test_session_save_names_the_storage_error(tiny_llama_dir, tmp_path, capsys):
+    """A save the storage refuses (here its directory does not exist) prints the same message as
+    the HTTP slots: the cause, the path and the bytes the file needs; exit 1, nothing written."""
+    path = str(tmp_path / "gone" / "chat.strata")
+    engine = ["--model", tiny_llama_dir, "--dtype", "float32", "--max-context", "256", "--kv-chunk", "16",
+              "--max-new", "5"]
+    code, out, err = run(capsys, "session", "save", path, "--prompt", "Hello there", *engine)
+    assert code == 1 and out is None, err
+    assert err.startswith("strata: error: the directory ") and "no longer exists" in err, err
+    assert path in err and re.search(r"the file needs [\d,]+ bytes", err), err
+    assert os.listdir(tmp_path) == []

@@ -3,13 +3,16 @@ uvicorn configuration): far more concurrent streams than --max-connections, on t
 Anthropic routes at once. Every answer is a 200 stream or the documented refusal (503 in
 OpenAI's shape on /v1/chat/completions, 529 in Anthropic's on /v1/messages, with Retry-After),
 some are served, /health and /metrics answer during the flood, and the server is healthy and
-holds no request after it. Past the listener's cap on open connections, a connection is dropped.
+holds no request after it; the flood comes after a save the storage refused. Past the
+listener's cap on open connections, a connection is dropped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
 import socket
 import threading
 import time
@@ -30,8 +33,14 @@ MESSAGES = {"model": "smol", "max_tokens": 2, "messages": [{"role": "user", "con
 
 
 @pytest.fixture(scope="module")
-def flood_server(gguf_path):
-    settings = ServerSettings(model_alias="smol", max_connections=MAX_CONNECTIONS, max_waiting=1, sse_keepalive_s=0.0)
+def slot_dir(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("flood-slots"))
+
+
+@pytest.fixture(scope="module")
+def flood_server(gguf_path, slot_dir):
+    settings = ServerSettings(model_alias="smol", max_connections=MAX_CONNECTIONS, max_waiting=1, sse_keepalive_s=0.0,
+                              slot_save_path=slot_dir)
     running = start_server(settings, engine_loader(gguf_path, **ENGINE))
     yield running
     running.stop()
@@ -56,7 +65,20 @@ async def _flood(base_url: str) -> tuple[list, list[int]]:
         return [t.result() for t in tasks], probes
 
 
-def test_a_flood_is_answered_in_the_api_shape(flood_server):
+def failed_save(base_url: str, slot_dir: str) -> None:
+    """A save the storage refuses (its directory removed under the server): a named 409, and
+    the flood after it is answered as one on a fresh server (once, such a run refused all)."""
+    assert httpx.post(f"{base_url}/v1/chat/completions", json={**CHAT, "stream": False}, timeout=120).status_code == 200
+    shutil.rmtree(slot_dir)
+    try:
+        r = httpx.post(f"{base_url}/slots/0", params={"action": "save"}, json={"filename": "chat.bin"}, timeout=120)
+        assert r.status_code == 409 and r.json()["error"]["code"] == "directory_missing", r.text
+    finally:
+        os.makedirs(slot_dir)
+
+
+def test_a_flood_is_answered_in_the_api_shape(flood_server, slot_dir):
+    failed_save(flood_server.base_url, slot_dir)
     results, probes = asyncio.run(_flood(flood_server.base_url))
     outcomes = Counter()
     for route, status, ctype, retry_after, data in results:
