@@ -197,6 +197,19 @@ def decode_ops():
     return ops
 
 
+@pytest.fixture(scope="session", params=FUSED_ONLY)
+def quant_ops():
+    """strata's quantized-weight kernels (strata/csrc/quant_*, built with the fused ops, AVX2):
+    required where this CPU has AVX2 (CI fails without them); a CPU without AVX2 loads quantized
+    GGUF weights dense, and lists the tests of the kernels alone as not applicable (FUSED_ONLY)."""
+    from strata.models.fused import load_quant_ops
+
+    ops = load_quant_ops()
+    if ops is None:
+        missing("strata's quantized kernels (strata/_decode_ops)", "make venv  (pip install --no-build-isolation -e .)")
+    return ops
+
+
 @pytest.fixture(params=DECODE_PATHS)
 def decode_path(request) -> str:
     """One of DECODE_PATHS: "fused" (the fused ops, required) or "torch"."""
