@@ -197,6 +197,25 @@ def decode_ops():
     return ops
 
 
+def require_quant_ops():
+    """strata's quantized-weight kernels (strata/csrc/quant_*, built with the fused ops, AVX2),
+    asked for only where this CPU has AVX2 and required there (CI fails without them). A CPU
+    without AVX2 loads quantized GGUF weights dense."""
+    from strata.models.fused import load_quant_ops
+
+    assert cpu_runs_fused_ops(), "only an AVX2 CPU asks for the quantized kernels"
+    ops = load_quant_ops()
+    if ops is None:
+        missing("strata's quantized kernels (strata/_decode_ops)", "make venv  (pip install --no-build-isolation -e .)")
+    return ops
+
+
+@pytest.fixture(scope="session", params=FUSED_ONLY)
+def quant_ops():
+    """require_quant_ops(); a CPU without AVX2 lists the tests that take it as not applicable."""
+    return require_quant_ops()
+
+
 @pytest.fixture(params=DECODE_PATHS)
 def decode_path(request) -> str:
     """One of DECODE_PATHS: "fused" (the fused ops, required) or "torch"."""

@@ -117,9 +117,10 @@ def _summary(name: str, setup: float, compiles: list[float], masks: list[float])
             "mask_us_p99": sorted(masks)[int(0.99 * (len(masks) - 1))] * 1e6, "tokens": len(masks)}
 
 
-def measure_all(tokenizer, vocab: int, eos: int, trials: int) -> list[dict]:
+def measure_all(tokenizer, vocab: int, eos: int, trials: int, peers: bool = True) -> list[dict]:
+    """llguidance (strata's), then, with `peers`, xgrammar and outlines-core where importable."""
     out = []
-    for fn in (measure_llguidance, measure_xgrammar, measure_outlines):
+    for fn in (measure_llguidance, measure_xgrammar, measure_outlines)[:None if peers else 1]:
         try:
             out.append(fn(tokenizer, vocab, eos, trials))
         except ImportError as exc:

@@ -25,6 +25,7 @@ from strata.loader.build import TORCH_DTYPES
 from strata.loader.model_load import ModelLoad
 from strata.loader.tokenizer import Tokenizer
 from strata.models.config import ModelConfig
+from strata.models.fused import load_quant_ops
 from strata.models.llama import LlamaModel
 from strata.runner.runner import ModelRunner
 
@@ -61,10 +62,14 @@ def make_layout(config: EngineConfig, max_context: int) -> KVLayout:
 
 
 def _weight_bytes(config: EngineConfig, load: ModelLoad) -> int:
-    """The model's weights in the compute dtype; a GGUF file under `--weights native` holds its
-    blocks as stored: the file's size (a type without a kernel loads dense: its warning says so)."""
+    """The model's weights in the compute dtype; a GGUF file under `--weights native` on CPUs
+    that run the quantized kernels holds its blocks as stored: the file's size (a type without
+    a kernel loads dense: its warning says so). Without the kernels, or on an accelerator, the
+    blocks are dequantised: a dense copy."""
     path = load.path
-    if config.weights == "native" and path is not None and path.endswith(".gguf") and os.path.isfile(path):
+    in_place = all(d == "cpu" for d in config.devices) and load_quant_ops() is not None
+    if (config.weights == "native" and in_place and path is not None and path.endswith(".gguf")
+            and os.path.isfile(path)):
         return os.path.getsize(path)
     return num_weight_params(load.config) * torch.empty(0, dtype=TORCH_DTYPES[config.dtype]).element_size()
 

@@ -26,7 +26,7 @@ from strata.models.head import QuantHead
 from strata.models.quant import KERNEL_TYPES
 from strata.sampling import SamplingParams
 from strata.testing import prompt_logits
-from tests.conftest import require
+from tests.conftest import FUSED_ONLY, require, require_quant_ops
 from tests.model import tiny_gguf
 from tests.model.tiny_gguf import VOCAB, random_blocks, write_gguf
 
@@ -86,7 +86,9 @@ def kernel_file(request, tmp_path_factory, fields) -> tuple[QT, str]:
     return qtype, tiny_file(tmp_path_factory.mktemp(qtype.name), qtype, fields, tied=qtype in TIED)
 
 
-def test_native_holds_the_files_blocks(kernel_file):
+def test_native_holds_the_files_blocks(kernel_file, quant_ops):
+    """The kernels read the file's blocks in place (a CPU without them loads dense: the other
+    tests here check that path)."""
     qtype, path = kernel_file
     model = engine(path, "native")._model
     stored = {t.name: int(t.n_bytes) for t in GGUFReader(path).tensors if t.tensor_type == qtype}
@@ -192,17 +194,28 @@ def test_a_refused_file_fails_before_any_tensor_is_read_or_hashed(what, spies, t
 
 
 
-def test_the_memory_guard_counts_the_files_blocks_under_native(tmp_path, fields, monkeypatch):
-    """native holds the file's blocks: the guard adds up the file's bytes, not a dense copy."""
+# with the kernels: only where this CPU has AVX2 (FUSED_ONLY); without them: everywhere, forced
+@pytest.mark.parametrize("kernels", [True] * len(FUSED_ONLY) + [False], ids=["kernels"] * len(FUSED_ONLY) + ["no-kernels"])
+def test_the_memory_guard_counts_the_files_blocks_under_native(kernels, tmp_path, fields, monkeypatch):
+    """native holds the file's blocks where the kernels run: the guard adds up the file's bytes,
+    not a dense copy; without them (a CPU without AVX2, forced here) native loads dense, and the
+    guard counts the dense copy."""
     import os
 
     import strata.engine.build as build
 
+    if kernels:
+        require_quant_ops()
+    else:
+        monkeypatch.setattr(build, "load_quant_ops", lambda: None)
     path = tiny_file(tmp_path, QT.Q4_K, fields, tied=False)
     plans = {}
     monkeypatch.setattr(build, "check_memory", lambda plan, *a: plans.setdefault(len(plans), plan))
     engine(path, "native", "bfloat16")
     engine(path, "dense", "bfloat16")
     native, dense = plans[0], plans[1]
-    assert native.weight_bytes == os.path.getsize(path) < dense.weight_bytes
+    if kernels:
+        assert native.weight_bytes == os.path.getsize(path) < dense.weight_bytes
+    else:
+        assert native.weight_bytes == dense.weight_bytes > os.path.getsize(path)
     assert native.kv_bytes == dense.kv_bytes

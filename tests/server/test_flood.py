@@ -132,7 +132,11 @@ def test_past_the_open_connection_cap_a_connection_is_dropped():
             pass
         extra.close()
         held.pop().close()
-        time.sleep(0.2)
+        connections = running.server.server_state.connections  # what the cap counts (listener.py)
+        deadline = time.monotonic() + 30
+        while len(connections) >= cap:  # until the server has seen that connection close
+            assert time.monotonic() < deadline, f"{len(connections)} connections still open"
+            time.sleep(0.01)
         assert httpx.get(f"{running.base_url}/health", timeout=10).status_code == 503  # loading, answered
     finally:
         for s in held:

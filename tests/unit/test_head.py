@@ -56,18 +56,15 @@ def test_which_head_each_build_gets():
     assert type(make_head(w.float(), None, "auto", f32, cpu)) is DenseHead  # float32 compute stays exact
 
 
-def test_a_quantized_head_is_read_in_place():
+def test_a_quantized_head_is_read_in_place(quant_ops):
     """native holds only the file's blocks; float32 auto reads them at decode steps (their exact
     values); bfloat16 auto keeps the faster int8 copy."""
-    from strata.models.fused import load_quant_ops
-    from strata.models.head import QUANT_HEAD_MAX_ROWS, QuantHead
-    from strata.models.quant import QuantWeight
-
-    if load_quant_ops() is None:
-        pytest.skip("strata's quantized kernels are not built")
     import numpy as np
     from gguf import GGMLQuantizationType as QT
     from gguf.quants import quantize
+
+    from strata.models.head import QUANT_HEAD_MAX_ROWS, QuantHead
+    from strata.models.quant import QuantWeight
 
     dense = weight().float()
     q = QuantWeight(torch.from_numpy(quantize(dense.numpy(), QT.Q8_0)), int(QT.Q8_0), dense.shape[1])
