@@ -9,15 +9,15 @@ with ignore_eos. Decode tok/s = tokens of the steps after every lane has its fir
 their wall time. Arms alternate within each round (order rotating); the ratio is the median
 of per-round paired ratios. Absolute tok/s on a shared machine are noise; ratios count.
 
-    python benchmarks/grammar.py [--rounds 3] [--new 32] [--lanes 1,8] [--libs-path DIR]
+    python benchmarks/grammar.py [--rounds 3] [--new 32] [--lanes 1,8] [--libs-path DIR] [--quick]
 
-Writes benchmarks/results/grammar.json and grammar.png (or under --out).
+Writes benchmarks/results/grammar.json and grammar.png (or under --out). `--quick`: 1 round of
+8 tokens at 1 and 2 lanes, one compile trial per library.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -26,7 +26,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import RESULTS_DIR  # noqa: E402
+from benchmarks.common import add_quick_and_out, print_table, write_json  # noqa: E402
 from benchmarks.grammar_parts.libraries import measure_all  # noqa: E402
 from strata.config import EngineConfig  # noqa: E402
 
@@ -69,8 +69,10 @@ def main() -> int:
     ap.add_argument("--lanes", default="1,8")
     ap.add_argument("--trials", type=int, default=5, help="compile trials per library")
     ap.add_argument("--libs-path", default=None, help="a directory with xgrammar / outlines_core to compare")
-    ap.add_argument("--out", default=RESULTS_DIR)
+    add_quick_and_out(ap, "1 round of 8 tokens at 1 and 2 lanes, one compile trial per library")
     a = ap.parse_args()
+    if a.quick:
+        a.rounds, a.new, a.lanes, a.trials = 1, 8, "1,2", 1
     if a.libs_path:
         sys.path.insert(0, a.libs_path)
     from strata.engine.interface import Engine
@@ -112,19 +114,15 @@ def main() -> int:
     print(f"CPU: {result['cpu']} ({result['threads']} threads, load {result['loadavg_1m']:.1f})")
     print(f"tokenizer tables (once per model): {tokenizer_ms:.0f} ms; "
           f"schema compile (first matcher and mask): {compile_ms:.1f} ms")
-    print(f"{'lanes':>5} {'plain tok/s':>12} {'json tok/s':>11} {'json/plain':>10}")
-    for row in rows:
-        print(f"{row['lanes']:>5} {row['plain_tok_s']:>12.1f} {row['json_tok_s']:>11.1f} {row['ratio']:>10.3f}")
-    print(f"{'library':>14} {'tokenizer ms':>12} {'compile ms':>10} {'mask us p50':>11} {'p99':>8}")
-    for lib in libraries:
-        if "missing" in lib:
-            print(f"{lib['library']:>14}  not installed ({lib['missing']})")
-        else:
-            print(f"{lib['library']:>14} {lib['tokenizer_setup_ms']:>12.0f} {lib['compile_ms']:>10.1f} "
-                  f"{lib['mask_us_median']:>11.1f} {lib['mask_us_p99']:>8.0f}")
-    os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "grammar.json"), "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=2)
+    print_table(f"decode, {a.new} new tokens per lane (median of {a.rounds} rounds)",
+                ["lanes", "free tok/s", "JSON schema tok/s", "schema/free"],
+                [[r["lanes"], r["plain_tok_s"], r["json_tok_s"], f"{r['ratio']:.3f}"] for r in rows])
+    print_table("grammar libraries (this model's vocabulary)",
+                ["library", "tokenizer ms", "compile ms", "mask us p50", "mask us p99"],
+                [[lib["library"], "not installed", lib["missing"], "", ""] if "missing" in lib else
+                 [lib["library"], lib["tokenizer_setup_ms"], lib["compile_ms"], lib["mask_us_median"],
+                  lib["mask_us_p99"]] for lib in libraries])
+    write_json("grammar.json", result, a.out)
     plot(result, os.path.join(a.out, "grammar.png"))
     return 0
 

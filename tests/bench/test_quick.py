@@ -38,6 +38,7 @@ QUICK = {
     "quant_kernels": ([], ["quant_kernels-576-192-1536.json", "quant_kernels-576-192-1536.png"], []),
     "soak": (["--out", "{out}/soak.json"], ["soak.json", "soak.png"], []),
     "cluster": (["--port", "{port}"], ["cluster.json", "cluster.png"], []),
+    "grammar": ([], ["grammar.json", "grammar.png"], ["schema compile"]),
 }
 # Not a Python benchmark: ring_cuda.sh runs the ring's tests on a CUDA machine.
 NOT_BENCHMARKS = {"__init__.py", "common.py"}
