@@ -11,15 +11,13 @@ of per-round paired ratios. Absolute tok/s on a shared machine are noise; ratios
 
     python benchmarks/grammar.py [--rounds 3] [--new 32] [--lanes 1,8] [--libs-path DIR] [--quick]
 
-`--quick`: one round of 8 tokens at 1 and 2 lanes, one compile trial, llguidance alone (the
-other libraries are peers, left out and said so). Writes benchmarks/results/grammar.json and
-grammar.png (or under --out).
+Writes benchmarks/results/grammar.json and grammar.png (or under --out). `--quick`: 1 round of
+8 tokens at 1 and 2 lanes, one compile trial per library.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -28,7 +26,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import add_quick_and_out, print_table  # noqa: E402
+from benchmarks.common import add_quick_and_out, print_table, write_json  # noqa: E402
 from benchmarks.grammar_parts.libraries import measure_all  # noqa: E402
 from strata.config import EngineConfig  # noqa: E402
 
@@ -71,7 +69,7 @@ def main() -> int:
     ap.add_argument("--lanes", default="1,8")
     ap.add_argument("--trials", type=int, default=5, help="compile trials per library")
     ap.add_argument("--libs-path", default=None, help="a directory with xgrammar / outlines_core to compare")
-    add_quick_and_out(ap, "1 round of 8 tokens at 1 and 2 lanes, 1 compile trial, llguidance only")
+    add_quick_and_out(ap, "1 round of 8 tokens at 1 and 2 lanes, one compile trial per library")
     a = ap.parse_args()
     if a.quick:
         a.rounds, a.new, a.lanes, a.trials = 1, 8, "1,2", 1
@@ -84,7 +82,7 @@ def main() -> int:
     engine = Engine(EngineConfig(batch=7, max_context=1024, spec="off"), progress=False)
     info = ModelInfo("bench", engine.info.tokenizer, 1024, engine.info.vocab_size, engine.info.fingerprint)
     tok = info.tokenizer
-    libraries = measure_all(tok, engine.info.vocab_size, tok.eos_token_ids[0], a.trials, peers=not a.quick)
+    libraries = measure_all(tok, engine.info.vocab_size, tok.eos_token_ids[0], a.trials)
     t0 = time.perf_counter()
     info.grammars.tokenizer()  # the tokenizer's tables: built once per model, on first use
     tokenizer_ms = (time.perf_counter() - t0) * 1e3
@@ -116,18 +114,15 @@ def main() -> int:
     print(f"CPU: {result['cpu']} ({result['threads']} threads, load {result['loadavg_1m']:.1f})")
     print(f"tokenizer tables (once per model): {tokenizer_ms:.0f} ms; "
           f"schema compile (first matcher and mask): {compile_ms:.1f} ms")
-    print_table("decode with and without a JSON schema", ["lanes", "plain tok/s", "json tok/s", "json/plain"],
-                [[r["lanes"], r["plain_tok_s"], r["json_tok_s"], round(r["ratio"], 3)] for r in rows])
-    print_table("grammar libraries on the model's vocabulary",
+    print_table(f"decode, {a.new} new tokens per lane (median of {a.rounds} rounds)",
+                ["lanes", "free tok/s", "JSON schema tok/s", "schema/free"],
+                [[r["lanes"], r["plain_tok_s"], r["json_tok_s"], f"{r['ratio']:.3f}"] for r in rows])
+    print_table("grammar libraries (this model's vocabulary)",
                 ["library", "tokenizer ms", "compile ms", "mask us p50", "mask us p99"],
-                [[lib["library"], "not installed: " + lib["missing"], "", "", ""] if "missing" in lib else
-                 [lib["library"], lib["tokenizer_setup_ms"], lib["compile_ms"], lib["mask_us_median"], lib["mask_us_p99"]]
-                 for lib in libraries])
-    if a.quick:
-        print("--quick: llguidance only; the peers (xgrammar, outlines-core) were not run")
-    os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "grammar.json"), "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=2)
+                [[lib["library"], "not installed", lib["missing"], "", ""] if "missing" in lib else
+                 [lib["library"], lib["tokenizer_setup_ms"], lib["compile_ms"], lib["mask_us_median"],
+                  lib["mask_us_p99"]] for lib in libraries])
+    write_json("grammar.json", result, a.out)
     plot(result, os.path.join(a.out, "grammar.png"))
     return 0
 

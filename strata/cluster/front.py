@@ -13,7 +13,10 @@ numbered two past that one's).
 A replica that dies ends only the requests it was serving: before the answer started,
 a 503 `replica_failed` with Retry-After (clients retry it); mid-stream, an SSE error
 event in the route's shape. GET /metrics is the front door's own (routing); with an
-`x-strata-replica` header, any request goes to that replica (its /metrics, /slots).
+`x-strata-replica` header, any request goes to that replica (its /metrics, /slots). A
+Responses API follow-up (`previous_response_id`) goes to the replica that made that response
+(its id names it: responses_api/store.py), the one that holds its conversation; where that
+replica is gone, any replica answers it (a 400 `previous_response_not_found`).
 """
 
 from __future__ import annotations
@@ -81,6 +84,19 @@ def routing_fields(req: ForwardedRequest, info: ModelInfo, block: int, text: boo
         req.prompt = info.tokenizer.decode(req.prompt_ids)
 
 
+def previous_response_owner(req: ForwardedRequest) -> str | None:
+    """The replica that made the response a Responses API request follows up, if it names one."""
+    from strata.server.responses_api.store import owner_of
+
+    if req.method != "POST" or req.path != "/v1/responses":
+        return None
+    try:
+        previous = json.loads(req.body).get("previous_response_id")
+    except (ValueError, AttributeError):
+        return None
+    return owner_of(previous) if isinstance(previous, str) else None
+
+
 class FrontDoor:
     """Serve's ingress deployment (see app.py): `__call__` takes every HTTP request."""
 
@@ -117,6 +133,9 @@ class FrontDoor:
                                list(request.headers.raw), body, pin=pin)
         if authorized:
             routing_fields(req, self.info, self.block, self.prompt_text)  # unauthenticated requests cost no tokenizing
+            owner = previous_response_owner(req)
+            if pin is None and owner is not None and owner in await self._replica_ids():
+                req.pin = owner
         gen = self.replicas.options(stream=True).forward.remote(req)
         try:
             start: ResponseStart = await gen.__anext__()

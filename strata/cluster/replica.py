@@ -58,11 +58,14 @@ class StrataReplica:
 
         from strata.engine.interface import Engine
         from strata.server.app import create_app
+        from strata.server.responses_api.store import ResponseStore
 
         context = serve.get_replica_context()
         self.replica_id = context.replica_id.unique_id
         self._self_handle = (context.deployment, context.app_name)
         self.app = create_app(settings, lambda: Engine(config, progress=False), model_id)
+        # its response ids name this replica: the front door sends their follow-ups here
+        self.app.state.responses = ResponseStore(owner=self.replica_id)
         self.app.state.strata_stopping = lambda: False
         self._lifespan = self.app.router.lifespan_context(self.app)
         await self._lifespan.__aenter__()

@@ -4,8 +4,8 @@ Invariants:
 - Only the engine thread touches the engine (it is not thread-safe): it loads the model,
   takes commands from `_inbox` (thread-safe), steps while any request has work, and hands
   each step's events to the asyncio loop with one `call_soon_threadsafe`.
-- `_handles` and `_num_active` belong to the asyncio thread; `_open` (the requests it owes
-  a final event) to the engine thread.
+- `_handles` and `_num_active` belong to the asyncio thread; `_owed` (the requests it owes
+  a final event, strata/server/owed_finals.py) to the engine thread.
 - Every request the engine accepted ends with exactly one final event: a finished
   `RequestOutput` (stop, length, abort, or a refusal carrying `error`) or `Failed`.
 - Closing a handle before its final event sends `Cancel`: the engine aborts the request
@@ -37,6 +37,7 @@ from strata.server.heap import HeapTrim
 from strata.server.incidents import incident_id
 from strata.server.metrics import ServerMetrics
 from strata.server.monitor.watch import PoolWatch
+from strata.server.owed_finals import OwedFinals
 from strata.server.params import ModelInfo
 
 log = logging.getLogger("strata.server")
@@ -76,7 +77,7 @@ class EngineLoop:
         self._handles: dict[str, RequestHandle] = {}
         self._num_active = 0  # submitted, not yet final or closed
         # engine thread only.
-        self._open: set[str] = set()  # added here, final event not yet posted
+        self._owed = OwedFinals(metrics)
         self._ids = itertools.count()
         self._prefix = uuid.uuid4().hex[:8]
 
@@ -206,7 +207,7 @@ class EngineLoop:
             incident_id(error, "the engine loop, which stopped: every open request ends")
             engine.abandon_sessions(error)
             self._fail_calls(error)
-            self._post([(request_id, Failed(error)) for request_id in self._accepted(engine)], error)
+            self._post(self._owed.abandon(engine, error), error)
 
     def _serve(self, engine: Engine) -> None:
         while True:
@@ -241,26 +242,9 @@ class EngineLoop:
                 command.future.set_exception(exc)
             return []
         if isinstance(command, Cancel):
-            request_id = command.request_id
-            self._open.discard(request_id)
-            if engine.cancel(request_id) is not None:
-                self._metrics.finished.labels("abort").inc()
+            self._owed.cancel(engine, command.request_id)
             return []
-        ids = command.request_ids
-        try:
-            if len(ids) == 1:
-                engine.submit(command.prompt, command.params[0], ids[0], arrival=command.arrival)
-            else:
-                engine.submit_choices(command.prompt, command.params, ids, arrival=command.arrival)
-        except StrataError as exc:
-            return [(request_id, Failed(exc)) for request_id in ids]
-        except Exception as exc:  # the client gets an incident id; the log gets the cause under it
-            log.exception("submit failed")
-            error = ServerError("the engine could not take the request")
-            error.__cause__ = exc
-            return [(request_id, Failed(error)) for request_id in ids]
-        self._open.update(ids)
-        return []
+        return self._owed.submit(engine, command)
 
     def _step(self, engine: Engine) -> list[tuple[str, Event]]:
         try:
@@ -269,7 +253,7 @@ class EngineLoop:
             error = ServerError("the engine failed; every open request was ended")
             error.__cause__ = exc
             incident_id(error, "an engine step, outside execute: every open request ends")
-            return self._fail_all(engine, error)
+            return self._owed.fail_all(engine, error)
         batch: list[tuple[str, Event]] = [(a.request_id, Admitted(a.num_cached)) for a in engine.last_admissions]
         for out in outputs:
             self._observe(out)
@@ -279,31 +263,13 @@ class EngineLoop:
     def _observe(self, out: RequestOutput) -> None:
         self._metrics.observe(out)
         if out.finished:
-            self._open.discard(out.request_id)
-
-    def _fail_all(self, engine: Engine, error: ServerError) -> list[tuple[str, Event]]:
-        batch: list[tuple[str, Event]] = []
-        for request_id in self._accepted(engine):
-            try:
-                engine.cancel(request_id)
-            except Exception:
-                log.exception("cancel after a failed step")
-            batch.append((request_id, Failed(error)))
-            self._metrics.finished.labels("error").inc()
-        self._open.clear()
-        return batch
-
-    def _accepted(self, engine: Engine) -> list[str]:
-        """Every request this loop took and has not ended (in the engine, or lost in a failed step)."""
-        return list(dict.fromkeys([*engine.open_requests(), *self._open]))
+            self._owed.discard(out.request_id)
 
     def _shutdown(self, engine: Engine, batch: list[tuple[str, Event]], unread: list) -> None:
         """Every open request, and every one still queued, ends with a final event."""
         self.state = "stopped"  # before the last events: no submit is accepted after them
         error = NotReady("the server is shutting down", code="shutting_down")
-        for request_id in self._accepted(engine):
-            engine.cancel(request_id)
-            batch.append((request_id, Failed(error)))
+        batch += self._owed.end_all(engine, error)
         batch += [(request_id, Failed(error)) for c in unread if isinstance(c, Add) for request_id in c.request_ids]
         for c in (c for c in unread if isinstance(c, Call)):
             c.future.set_exception(error)

@@ -26,7 +26,6 @@ TABLE_RULE = re.compile(r"^-+(-\|-+)+$", re.M)  # benchmarks/common.py's print_t
 # script -> (arguments besides --quick, files written under the output directory, what its output must say)
 QUICK = {
     "decode": ([], ["decode.json", "decode.png"], ["--quick: strata's arm only"]),
-    "grammar": ([], ["grammar.json", "grammar.png"], ["--quick: llguidance only"]),
     "head_quality": ([], ["head_quality-first2.json"], []),
     "kv_quality": ([], ["kv_quality-int8-vs-bf16-first2.json"], []),
     "prefill_profile": ([], ["prefill_profile.json"], []),
@@ -40,6 +39,7 @@ QUICK = {
     "soak": (["--out", "{out}/soak.json"], ["soak.json", "soak.png"], []),
     "flood": ([], ["flood.json", "flood.png"], ["the save answered 409 directory_missing"]),
     "cluster": (["--port", "{port}"], ["cluster.json", "cluster.png"], []),
+    "grammar": ([], ["grammar.json", "grammar.png"], ["schema compile"]),
 }
 # Not a Python benchmark: ring_cuda.sh runs the ring's tests on a CUDA machine.
 NOT_BENCHMARKS = {"__init__.py", "common.py"}

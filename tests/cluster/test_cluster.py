@@ -225,6 +225,47 @@ def test_the_front_door_answers_as_strata_serve(cluster):
     assert "".join(pieces) == whole
 
 
+UNIT_SCHEMA = {"type": "object", "properties": {"unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["unit"],
+               "additionalProperties": False}
+PICK_UNIT = {"type": "function", "function": {"name": "pick_unit", "description": "Pick a unit",
+                                              "parameters": UNIT_SCHEMA}}
+
+
+def test_the_agents_api_through_the_front_door(cluster):
+    """The agents' clients unchanged against the cluster: a parsed structured output, a forced
+    tool call, n choices, and Responses API follow-ups by previous_response_id, each sent to the
+    replica that holds its conversation (the response id names it) and served from its cache."""
+    from typing import Literal
+
+    from pydantic import BaseModel
+
+    class Unit(BaseModel):
+        unit: Literal["celsius", "fahrenheit"]
+
+    c = cluster.client()
+    ask = [{"role": "user", "content": "Pick a unit."}]
+    parsed = c.chat.completions.parse(model=MODEL, messages=ask, response_format=Unit, temperature=0, max_tokens=32)
+    assert isinstance(parsed.choices[0].message.parsed, Unit)
+    called = c.chat.completions.create(model=MODEL, messages=ask, tools=[PICK_UNIT], tool_choice="required",
+                                       parallel_tool_calls=False, temperature=0, max_tokens=256).choices[0]
+    assert called.finish_reason == "tool_calls" and called.message.tool_calls[0].function.name == "pick_unit", called
+    Unit.model_validate_json(called.message.tool_calls[0].function.arguments)
+    choices = c.chat.completions.create(model=MODEL, messages=ask, n=2, seed=3, temperature=1.0, max_tokens=4)
+    assert [choice.index for choice in choices.choices] == [0, 1]
+    raw = c.responses.with_raw_response.create(model=MODEL, input="Name a fruit.", instructions=SYSTEM,
+                                               temperature=0, max_output_tokens=4)
+    previous, owner = raw.parse(), raw.headers["x-strata-replica"]
+    assert previous.id.startswith(f"resp_{owner}_")
+    for turn in range(4):  # by chance, each would find its replica one time in two
+        raw = c.responses.with_raw_response.create(model=MODEL, input=f"And another, number {turn}?",
+                                                   instructions=SYSTEM, previous_response_id=previous.id,
+                                                   temperature=0, max_output_tokens=4)
+        assert raw.headers["x-strata-replica"] == owner and raw.headers["x-strata-route"] == "pin", raw.headers
+        follow = raw.parse()
+        assert follow.usage.input_tokens_details.cached_tokens >= previous.usage.input_tokens - 16, follow.usage
+        previous = follow
+
+
 def two_replicas(c: Cluster, timeout: float = 300.0) -> list[str]:
     """The two replicas once both serve and the router has a report of each (after a kill:
     once Serve's replacement is up)."""

@@ -25,9 +25,9 @@ def _id(prefix: str) -> str:
 
 
 class ResponsesFormat:
-    def __init__(self, request_id: str, model: str, shape: AnswerShape, echo: dict[str, Any],
+    def __init__(self, response_id: str, model: str, shape: AnswerShape, echo: dict[str, Any],
                  conversation: list[dict[str, Any]], store: ResponseStore | None):
-        self.id = f"resp_{request_id}"
+        self.id = response_id
         self.created = int(time.time())
         self._model_id, self._shape, self._echo = model, shape, echo
         self._conversation, self._store = conversation, store

@@ -41,7 +41,7 @@ async def responses(body: ResponsesRequest, request: Request) -> Response:
     }
 
     def fmt_for(request_id: str) -> ResponsesFormat:
-        return ResponsesFormat(request_id, info.model_id, job.shape, echo, conversation,
+        return ResponsesFormat(store.response_id(request_id), info.model_id, job.shape, echo, conversation,
                                store if body.store is not False else None)
 
     return await respond(request, state.loop, job, fmt_for, state.settings.sse_keepalive_s)

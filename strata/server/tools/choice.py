@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from strata.errors import RequestError
+from strata.grammar.compiler import JSON_WHITESPACE
 from strata.server.tools.parsers import ToolFormat
 
 NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")  # OpenAI's rule for function names (plus . and :)
@@ -122,6 +123,13 @@ def call_schema(tool: Tool, args_key: str) -> dict[str, Any]:
             "required": ["name", args_key], "additionalProperties": False}
 
 
+def _bounded(schema: dict[str, Any]) -> str:
+    """An inline `%json` schema whose whitespace between JSON tokens is bounded as a response
+    format's is (llguidance's default inside Lark is unbounded: a weak model could pad a forced
+    call with blank lines until max_tokens and never finish it)."""
+    return json.dumps({**schema, "x-guidance": {"whitespace_pattern": JSON_WHITESPACE}})
+
+
 def forced_grammar(setup: ToolSetup, special_id: int | None) -> str:
     """A Lark grammar (llguidance's, with inline `%json`) of the calls `setup` forces.
     `special_id`: the token id of the format's marker where it is a special token."""
@@ -134,11 +142,11 @@ def forced_grammar(setup: ToolSetup, special_id: int | None) -> str:
         if not setup.many_forced:
             array["maxItems"] = 1
         marker = f"<[{special_id}]>" if special_id is not None else json.dumps(fmt.start)
-        return f"start: {marker} %json {json.dumps(array)}"
+        return f"start: {marker} %json {_bounded(array)}"
     if fmt.name == "llama3_json":
-        one = json.dumps({"anyOf": [call_schema(t, "parameters") for t in tools]})
+        one = _bounded({"anyOf": [call_schema(t, "parameters") for t in tools]})
         more = ' ("; " call)*' if setup.many_forced else ""
         return f"start: call{more}\ncall: %json {one}"
-    one = json.dumps({"anyOf": [call_schema(t, "arguments") for t in tools]})
+    one = _bounded({"anyOf": [call_schema(t, "arguments") for t in tools]})
     more = ' ("\\n" call)*' if setup.many_forced else ""
     return f'start: call{more}\ncall: "<tool_call>\\n" %json {one} "\\n</tool_call>"'
