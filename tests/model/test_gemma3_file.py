@@ -2,7 +2,7 @@
 
 Greedy continuations token for token: a short prompt, and one longer than the file's
 512-cell window (its sliding layers then read only the last 512 cells), through the
-engine and through `strata generate --raw`. Slow (transformers dequantises the whole
+engine and through `strata generate` (with --raw and without: the file has no chat template). Slow (transformers dequantises the whole
 file): one transformers model for the module, few prompts.
 """
 
@@ -71,15 +71,18 @@ def test_greedy_continuations_match_transformers(gemma3, text):
     assert list(got.token_ids) == greedy_reference(ref, ids)
 
 
-def test_strata_generate_answers_like_transformers(gemma3, gemma3_path):
+@pytest.mark.parametrize("raw", [True, False])
+def test_strata_generate_answers_like_transformers(gemma3, gemma3_path, raw):
+    """With --raw, and without: the file has no chat template, so --prompt alone is its raw
+    prompt (the command says so)."""
     ref, llm = gemma3
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
     run = subprocess.run(
-        [sys.executable, "-m", "strata.cli", "generate", "--model", gemma3_path, "--prompt", CAPITAL, "--raw",
-         "--dtype", "float32", "--max-new", str(NEW), "--ignore-eos", "--json"],
+        [sys.executable, "-m", "strata.cli", "generate", "--model", gemma3_path, "--prompt", CAPITAL,
+         *(["--raw"] if raw else []), "--dtype", "float32", "--max-new", str(NEW), "--ignore-eos", "--json"],
         check=False, capture_output=True, text=True, cwd=ROOT, env=env, timeout=900)
     assert run.returncode == 0, run.stderr[-2000:]
+    assert ("no chat template" in run.stderr) == (not raw), run.stderr[-2000:]
     result = json.loads(run.stdout)
     expected = greedy_reference(ref, llm.tokenizer.encode(CAPITAL))
     assert result["token_ids"] == expected
-    assert "Paris" in result["text"], result["text"]
