@@ -67,7 +67,8 @@ def build_model(
         if name not in weights and name + ".quant" not in weights:
             raise LoaderError(f"{source.path}: tensor {name!r} is missing")
     try:
-        model = FAMILIES.get(cfg.arch, LlamaModel)(cfg, weights, torch_dtype, layer_devices, max_positions, weight_mode, fused)
+        family = FAMILIES.get(cfg.arch, LlamaModel)
+        model = family(cfg, weights, torch_dtype, layer_devices, max_positions, weight_mode, fused)
     except KeyError as exc:
         raise LoaderError(f"{source.path}: tensor {exc.args[0]!r} is missing") from exc
     del weights

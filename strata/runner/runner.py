@@ -109,7 +109,8 @@ class ModelRunner:
             return self.lanes.logits(inputs, logits_rows)
         step = self.ring.prepare(inputs.work, inputs.meta.write_index, busy_lanes)
         try:
-            logits = self.lanes.logits(inputs, logits_rows, step, ring_metas(inputs.work, step, self.model.cfg.windows))
+            metas = ring_metas(inputs.work, step, self.model.cfg.windows)
+            logits = self.lanes.logits(inputs, logits_rows, step, metas)
         except BaseException:
             self.ring.abort(step)
             raise

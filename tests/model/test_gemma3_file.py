@@ -2,8 +2,9 @@
 
 Greedy continuations token for token: a short prompt, and one longer than the file's
 512-cell window (its sliding layers then read only the last 512 cells), through the
-engine and through `strata generate` (with --raw and without: the file has no chat template). Slow (transformers dequantises the whole
-file): one transformers model for the module, few prompts.
+engine and through `strata generate` (with --raw and without: the file has no chat
+template). Slow (transformers dequantises the whole file): one transformers model for the
+module, few prompts.
 """
 
 from __future__ import annotations
