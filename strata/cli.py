@@ -62,6 +62,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     engine = Engine(config, progress=sys.stderr.isatty())
     load_s = time.perf_counter() - t0
+    if messages is not None and engine.tokenizer.chat_template is None and not (args.messages or args.system):
+        # A base model (no chat template): --prompt alone is its raw prompt, as with --raw.
+        print("strata generate: this model has no chat template: --prompt is used as a raw prompt",
+              file=sys.stderr)
+        messages = None
     prompt = args.prompt if messages is None else engine.tokenizer.encode_chat(messages)
     request_id = engine.submit(prompt, params)
     got = collect(engine.stream(request_id), None if args.json else _write)

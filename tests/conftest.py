@@ -141,12 +141,13 @@ def make_tiny_model(arch: str, out_dir: str, tokenizer, **overrides) -> str:
     """A random Hugging Face model of `arch` saved with the SmolLM2 tokenizer; returns its dir."""
     transformers = require("transformers")
 
-    torch.manual_seed({"llama": 1, "qwen2": 2, "qwen3": 3, "mistral": 4}[arch])
+    torch.manual_seed({"llama": 1, "qwen2": 2, "qwen3": 3, "mistral": 4, "gemma3_text": 5}[arch])
     cls_cfg = {
         "llama": transformers.LlamaConfig,
         "qwen2": transformers.Qwen2Config,
         "qwen3": transformers.Qwen3Config,
         "mistral": transformers.MistralConfig,
+        "gemma3_text": transformers.Gemma3TextConfig,
     }[arch]
     kwargs = dict(TINY, vocab_size=tokenizer.vocab_size, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
     if arch == "qwen3":
@@ -154,6 +155,11 @@ def make_tiny_model(arch: str, out_dir: str, tokenizer, **overrides) -> str:
     kwargs.update(overrides)
     cfg = cls_cfg(**kwargs)
     model = transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32)
+    if arch == "gemma3_text":  # Gemma's norms start at zero (a scale of 1 + w): make the +1 matter
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.normal_(0.0, 0.3)
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_hf(out_dir)
     return out_dir

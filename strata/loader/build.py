@@ -10,9 +10,12 @@ from tqdm import tqdm
 
 from strata.errors import LoaderError
 from strata.loader import ModelSource
+from strata.models.gemma3 import Gemma3Model
 from strata.models.llama import LlamaModel
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# ModelConfig.arch -> its model family's class (the rest: the Llama family).
+FAMILIES = {"gemma3_text": Gemma3Model}
 
 
 def split_layers(num_layers: int, devices: Sequence[str]) -> list[torch.device]:
@@ -64,7 +67,8 @@ def build_model(
         if name not in weights and name + ".quant" not in weights:
             raise LoaderError(f"{source.path}: tensor {name!r} is missing")
     try:
-        model = LlamaModel(cfg, weights, torch_dtype, layer_devices, max_positions, weight_mode, fused)
+        family = FAMILIES.get(cfg.arch, LlamaModel)
+        model = family(cfg, weights, torch_dtype, layer_devices, max_positions, weight_mode, fused)
     except KeyError as exc:
         raise LoaderError(f"{source.path}: tensor {exc.args[0]!r} is missing") from exc
     del weights

@@ -29,6 +29,9 @@ TOKENIZER_KINDS = ("gpt2", "llama")
 LAYER_REQUIRED = ("attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
                   "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
 TOP_REQUIRED = ("token_embd.weight", "output_norm.weight")
+# and the ones a family needs beyond them
+LAYER_REQUIRED_BY_ARCH = {"gemma3_text": ("post_attention_norm.weight", "post_ffw_norm.weight",
+                                          "attn_q_norm.weight", "attn_k_norm.weight")}
 
 
 def gguf_reads(qtype: QT) -> bool:
@@ -92,13 +95,14 @@ def check_tokenizer_kind(reader: GGUFReader, path: str) -> str:
 def check_tensor_names(reader: GGUFReader, path: str, cfg: ModelConfig) -> None:
     names = {t.name for t in reader.tensors}
     for t in reader.tensors:
-        if hf_name(t.name) is None:
+        if hf_name(t.name, cfg.arch) is None:
             raise LoaderError(f"{path}: unexpected tensor {t.name!r} for architecture {cfg.arch}")
     required = list(TOP_REQUIRED) + ([] if cfg.tie_embeddings else ["output.weight"])
-    required += [f"blk.{i}.{n}" for i in range(cfg.num_layers) for n in LAYER_REQUIRED]
+    layer_required = LAYER_REQUIRED + LAYER_REQUIRED_BY_ARCH.get(cfg.arch, ())
+    required += [f"blk.{i}.{n}" for i in range(cfg.num_layers) for n in layer_required]
     for name in required:
         if name not in names:
-            raise LoaderError(f"{path}: tensor {name!r} ({hf_name(name)}) is missing")
+            raise LoaderError(f"{path}: tensor {name!r} ({hf_name(name, cfg.arch)}) is missing")
 
 
 def check_tensor_types(reader: GGUFReader, path: str) -> DenseOnly:

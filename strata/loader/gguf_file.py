@@ -16,7 +16,7 @@ from strata.errors import LoaderError
 from strata.models.config import ModelConfig
 
 # GGUF architecture -> Hugging Face model_type.
-GGUF_ARCHES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
+GGUF_ARCHES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
 
 # GGUF tensor name -> Hugging Face name; `{i}` is the layer index.
 TOP_NAMES = {
@@ -40,6 +40,20 @@ LAYER_NAMES = {
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
 }
+# Gemma 3 (ModelConfig.arch gemma3_text): four norms per layer; ffn_norm is the pre-feedforward one.
+GEMMA3_LAYER_NAMES = {
+    **LAYER_NAMES,
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+}
+LAYER_NAMES_BY_ARCH = {"gemma3_text": GEMMA3_LAYER_NAMES}
+# llama.cpp's Gemma converter stores norm weights as 1 + w (HF's w): the loader takes the 1 off.
+NORM_PLUS_ONE_ARCHES = frozenset({"gemma3_text"})
+# What llama.cpp assumes of a Gemma 3 file that does not say: every 6th layer global, the
+# sliding layers' RoPE base 10000, queries scaled by head_dim ** -0.5.
+GEMMA3_SLIDING_PATTERN = 6
+GEMMA3_LOCAL_THETA = 10_000.0
 # llama.cpp's rotary layout for these arches stores q/k rows permuted; undo it on load.
 PERMUTED_QK_ARCHES = frozenset({"llama", "mistral"})
 
@@ -116,12 +130,15 @@ def gguf_model_config(reader: GGUFReader, path: str, eos_token_ids: tuple[int, .
         }
     elif scaling_type not in (None, "none"):
         raise LoaderError(f"{path}: rope scaling {scaling_type!r} is not supported")
+    num_layers = int(_require(reader, f"{a}.block_count", path))
+    family = gemma3_fields(reader, num_layers, head_dim) if gguf_arch == "gemma3" else {}
     return ModelConfig(
+        **family,
         arch=GGUF_ARCHES[gguf_arch],
         vocab_size=int(vocab),
         hidden_size=hidden,
         intermediate_size=int(_require(reader, f"{a}.feed_forward_length", path)),
-        num_layers=int(_require(reader, f"{a}.block_count", path)),
+        num_layers=num_layers,
         num_heads=num_heads,
         num_kv_heads=num_kv_heads,
         head_dim=head_dim,
@@ -138,15 +155,31 @@ def gguf_model_config(reader: GGUFReader, path: str, eos_token_ids: tuple[int, .
     )
 
 
-def hf_name(gguf_name: str) -> str | None:
+def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
+    """The Hugging Face name of a GGUF tensor of ModelConfig.arch `arch`, or None."""
     if gguf_name in TOP_NAMES:
         return TOP_NAMES[gguf_name]
     if gguf_name == "rope_freqs.weight":
         return "rope_freqs"  # llama3-style per-frequency factors, kept as their own tensor
+    names = LAYER_NAMES_BY_ARCH.get(arch, LAYER_NAMES)
     parts = gguf_name.split(".", 2)
-    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{LAYER_NAMES[parts[2]]}"
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in names:
+        return f"model.layers.{parts[1]}.{names[parts[2]]}"
     return None
+
+
+def gemma3_fields(reader: GGUFReader, num_layers: int, head_dim: int) -> dict:
+    """ModelConfig fields of a `gemma3` file beyond the Llama family's."""
+    a = "gemma3"
+    window = field_value(reader, f"{a}.attention.sliding_window")
+    pattern = int(field_value(reader, f"{a}.attention.sliding_window_pattern", GEMMA3_SLIDING_PATTERN))
+    windows = () if window is None else tuple(
+        int(window) if (i + 1) % pattern else None for i in range(num_layers))
+    return {
+        "layer_windows": windows,
+        "rope_local_theta": float(field_value(reader, f"{a}.rope.freq_base_swa", GEMMA3_LOCAL_THETA)),
+        "query_pre_attn_scalar": float(head_dim),
+    }
 
 
 def unpermute_qk(w: torch.Tensor, num_heads: int) -> torch.Tensor:

@@ -20,7 +20,7 @@ from gguf import GGUFReader
 from gguf.quants import dequantize
 
 from strata.errors import LoaderError
-from strata.loader.gguf_file import PERMUTED_QK_ARCHES, hf_name, unpermute_qk
+from strata.loader.gguf_file import NORM_PLUS_ONE_ARCHES, PERMUTED_QK_ARCHES, hf_name, unpermute_qk
 from strata.models.config import ModelConfig
 from strata.models.quant import KERNEL_TYPES, QuantWeight
 
@@ -60,7 +60,7 @@ def iter_gguf_tensors(reader: GGUFReader, cfg: ModelConfig, path: str, weights: 
     assert weights in WEIGHT_MODES
     with open(path, "rb", buffering=0) as f:
         for t in reader.tensors:
-            name = hf_name(t.name)
+            name = hf_name(t.name, cfg.arch)
             assert name is not None, t.name
             shape = tuple(int(d) for d in reversed(t.shape.tolist()))
             heads = permuted_heads(cfg, name)
@@ -81,4 +81,6 @@ def iter_gguf_tensors(reader: GGUFReader, cfg: ModelConfig, path: str, weights: 
             if int(np.prod(shape)) != data.size:
                 raise LoaderError(f"{path}: tensor {t.name!r} holds {data.size} values, shape says {shape}")
             tensor = torch.from_numpy(np.array(data, dtype=np.float32)).reshape(shape)  # owned copy
+            if cfg.arch in NORM_PLUS_ONE_ARCHES and name.endswith("norm.weight"):
+                tensor = tensor - 1.0  # the file's 1 + w -> HF's w (models/gemma3.py adds the 1)
             yield name, tensor if heads is None else unpermute_qk(tensor, heads)

@@ -10,6 +10,7 @@ import torch
 from safetensors import safe_open
 
 from strata.errors import LoaderError
+from strata.loader.hf_families import gemma3_fields, layer_windows
 from strata.models.config import ARCHITECTURES, ModelConfig
 
 
@@ -49,15 +50,17 @@ def hf_model_config(model_dir: str) -> ModelConfig:
     try:
         hidden = int(cfg["hidden_size"])
         num_heads = int(cfg["num_attention_heads"])
-        theta, scaling = _rope(cfg)
+        num_layers = int(cfg["num_hidden_layers"])
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
-        return ModelConfig(
+        family = gemma3_fields(cfg, path) if arch == "gemma3_text" else {}
+        theta, scaling = (family.pop("rope_theta"), family.pop("rope_scaling")) if family else _rope(cfg)
+        fields = dict(
             arch=arch,
             vocab_size=int(cfg["vocab_size"]),
             hidden_size=hidden,
             intermediate_size=int(cfg["intermediate_size"]),
-            num_layers=int(cfg["num_hidden_layers"]),
+            num_layers=num_layers,
             num_heads=num_heads,
             num_kv_heads=int(cfg.get("num_key_value_heads") or num_heads),
             head_dim=int(cfg.get("head_dim") or hidden // num_heads),
@@ -68,11 +71,12 @@ def hf_model_config(model_dir: str) -> ModelConfig:
             attention_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),
             qk_norm=arch == "qwen3",
             rope_scaling=scaling,
-            sliding_window=cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None,
+            layer_windows=layer_windows(arch, cfg, num_layers, path),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=eos_ids,
             name=os.path.basename(os.path.normpath(model_dir)),
         )
+        return ModelConfig(**{**fields, **family})
     except KeyError as exc:
         raise LoaderError(f"{path}: required field {exc.args[0]!r} is missing") from exc
 

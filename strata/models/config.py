@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 # Architecture families strata runs, by Hugging Face `model_type`.
-ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
 
 
 @dataclass(frozen=True)
@@ -25,10 +25,24 @@ class ModelConfig:
     attention_bias: bool = False  # q/k/v projections carry a bias (Qwen2)
     qk_norm: bool = False  # RMSNorm on each head of q and k (Qwen3)
     rope_scaling: dict | None = field(default=None, hash=False)  # HF's rope_scaling / rope_parameters
-    sliding_window: int | None = None  # Mistral's; strata does not apply it (see llama.py)
+    # Each layer's window W (a token at position p reads cells max(0, p - W + 1) .. p), or None:
+    # full attention. Empty: every layer attends fully.
+    layer_windows: tuple[int | None, ...] = ()
+    # Gemma 3: the sliding layers' own RoPE base, and the query scale query_pre_attn_scalar ** -0.5.
+    rope_local_theta: float | None = None
+    query_pre_attn_scalar: float | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     name: str = ""
+
+    def window(self, i: int) -> int | None:
+        """Layer i's window, or None (full attention)."""
+        return self.layer_windows[i] if self.layer_windows else None
+
+    @property
+    def windows(self) -> tuple[int, ...]:
+        """The distinct windows of the layers, ascending (empty: every layer attends fully)."""
+        return tuple(sorted({w for w in self.layer_windows if w is not None}))
 
     @property
     def kv_cells_bytes_per_token(self) -> int:

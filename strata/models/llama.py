@@ -1,4 +1,5 @@
-"""The Llama family: Llama 2/3, SmolLM2, Mistral, Qwen2/2.5 (q/k/v bias), Qwen3 (q/k norm).
+"""The Llama family: Llama 2/3, SmolLM2, Mistral, Qwen2/2.5 (q/k/v bias), Qwen3 (q/k norm);
+sliding windows (Mistral, Qwen2) per layer, from `cfg.layer_windows`.
 
 Weights arrive under their Hugging Face names; each layer fuses q/k/v and gate/up into
 one projection, so every linear layer runs once per step for all lanes together.
@@ -125,7 +126,7 @@ class LlamaModel:
         self.layer_devices = list(layer_devices)
         self.embedding = Embedding(weights.get("model.embed_tokens.weight"),  # [vocab, hidden], first device
                                    weights.get("model.embed_tokens.weight.quant"), dtype, self.layer_devices[0])
-        self.layers = [DecoderLayer(cfg, weights, i, weight_mode) for i in range(cfg.num_layers)]
+        self.layers = [self.make_layer(cfg, weights, i, weight_mode) for i in range(cfg.num_layers)]
         self.norm = RMSNorm(weights["model.norm.weight"], cfg.rms_norm_eps)
         head_name = "model.embed_tokens.weight" if cfg.tie_embeddings else "lm_head.weight"
         head, head_quant = weights.get(head_name), weights.get(head_name + ".quant")
@@ -135,6 +136,11 @@ class LlamaModel:
         self.inv_freq = rope_inv_freq(cfg, weights.get("rope_freqs"))  # [head_dim / 2] float32
         self.devices = list(dict.fromkeys(self.layer_devices))
         self.prepare_runtime(max_positions, fused)
+
+    def make_layer(self, cfg: ModelConfig, weights: MutableMapping[str, torch.Tensor | QuantWeight], i: int,
+                   weight_mode: str) -> DecoderLayer:
+        """Layer i, taking its projections out of `weights` (a family file overrides this)."""
+        return DecoderLayer(cfg, weights, i, weight_mode)
 
     def prepare_runtime(self, max_positions: int, fused: bool = True) -> None:
         """What is not weights: rotary tables for positions 0..max_positions-1 on every device,
@@ -170,12 +176,13 @@ class LlamaModel:
         self,
         input_ids: torch.Tensor,  # [tokens] on the first device
         positions: Mapping[torch.device, torch.Tensor],  # [tokens] per device
-        metas: Mapping[torch.device, AttentionMeta],
+        metas: Mapping[torch.device, Mapping[int | None, AttentionMeta]],  # per device, per window
         kv: LayerCells,
         logits_rows: torch.Tensor,  # [rows] which token rows need logits (on the last device)
     ) -> torch.Tensor:
         """Returns float32 logits [rows, vocab]. `kv.layer_caches(i)` gives layer i's K and V:
-        the pool's own tensors, or the ring's view of them for this step (cells/ring.py)."""
+        the pool's own tensors, or the ring's view of them for this step (cells/ring.py).
+        Layer i reads through the addressing of its window (`cfg.window(i)`, None: full)."""
         x = self.embedding(input_ids)
         tables = {d: self.rotary[d].tables(positions[d]) for d in self.devices}
         for i, layer in enumerate(self.layers):
@@ -183,6 +190,6 @@ class LlamaModel:
             if x.device != dev:
                 x = x.to(dev, non_blocking=True)
             cos, sin = tables[dev]
-            x = layer(x, cos, sin, *kv.layer_caches(i), metas[dev], self.ops)
+            x = layer(x, cos, sin, *kv.layer_caches(i), metas[dev][self.cfg.window(i)], self.ops)
         x = self.norm(x.index_select(0, logits_rows), self.ops)
         return self.lm_head(x).float()

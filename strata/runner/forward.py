@@ -30,17 +30,17 @@ class LaneForward:
         """`work`'s batched inputs; `fused_decode`: decode rows through the fused kernel where the
         model and K/V allow it."""
         kernel = self.model.decode_attention_kernel(self.kv.dtype) if fused_decode else None
-        return build_inputs(work, self.cells, kernel)
+        return build_inputs(work, self.cells, kernel, self.model.cfg.windows)
 
-    def logits(self, inputs: StepInputs, logits_rows: torch.Tensor, kv=None, meta=None) -> torch.Tensor:
-        """Float32 logits [rows, vocab] of `inputs`; `kv` and `meta`: another view of the cells
-        and its addressing (the ring's step), else this storage read in place."""
+    def logits(self, inputs: StepInputs, logits_rows: torch.Tensor, kv=None, metas=None) -> torch.Tensor:
+        """Float32 logits [rows, vocab] of `inputs`; `kv` and `metas`: another view of the cells
+        and its addressing per window (the ring's step), else this storage read in place."""
         m = self.model
-        meta = inputs.meta if meta is None else meta
+        metas = inputs.metas if metas is None else metas
         return m.forward(
             inputs.input_ids.to(m.layer_devices[0], non_blocking=True),
             {d: inputs.positions.to(d, non_blocking=True) for d in m.devices},
-            {d: meta.to(d) for d in m.devices},
+            {d: {window: meta.to(d) for window, meta in metas.items()} for d in m.devices},
             self.kv if kv is None else kv,
             logits_rows.to(m.layer_devices[-1], non_blocking=True),
         )

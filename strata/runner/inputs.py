@@ -21,6 +21,7 @@ from strata.models.cell_reads import (
     PrefillRuns,
 )
 from strata.runner.reads import ChunkCells, chunk_runs, contiguous, runs_of, split_for_rows, strided_slots
+from strata.runner.windows import window_metas
 
 
 @dataclass(frozen=True)
@@ -28,9 +29,11 @@ class StepInputs:
     work: tuple[LaneWork, ...]  # in row order: decoding lanes, then prefill pieces
     input_ids: torch.Tensor  # [tokens]
     positions: torch.Tensor  # [tokens]
-    meta: AttentionMeta
+    meta: AttentionMeta  # the addressing of full-attention layers (and the write index of all)
     logits_rows: torch.Tensor  # [samples] the last row of each lane that samples (1 + drafts rows when it has drafts)
     sample_work: tuple[LaneWork, ...]  # the lanes behind logits_rows, in order
+    # window -> the addressing of layers with it; None -> `meta` (runner/windows.py)
+    metas: dict[int | None, AttentionMeta]
 
 
 VERIFY_MAX_ROWS = 8
@@ -110,9 +113,11 @@ def _decode_spans(decode: Sequence[LaneWork], chunk_size: int, kernel: Callable)
                         torch.tensor(row_spans, dtype=torch.long), kernel),)
 
 
-def build_inputs(work: Sequence[LaneWork], cells: ChunkCells, decode_kernel: Callable | None = None) -> StepInputs:
+def build_inputs(work: Sequence[LaneWork], cells: ChunkCells, decode_kernel: Callable | None = None,
+                 windows: Sequence[int] = ()) -> StepInputs:
     """`decode_kernel`: the fused decode attention where the model and K/V allow it (runner);
-    then every decoding lane is read through it (`DecodeSpans`), else by the groups above."""
+    then every decoding lane is read through it (`DecodeSpans`), else by the groups above.
+    `windows`: the model's distinct sliding windows, each given its own addressing."""
     chunk_size = cells.chunk_size
     decoding = [w for w in work if len(w.token_ids) == 1]
     if decode_kernel is not None and decoding:
@@ -156,6 +161,8 @@ def build_inputs(work: Sequence[LaneWork], cells: ChunkCells, decode_kernel: Cal
             sample_rows.extend(range(row - 1 - w.num_drafts, row))
             sample_work.append(w)
     meta = AttentionMeta(torch.tensor(writes, dtype=torch.long), decode_groups, tuple(prefills))
+    metas = window_metas(meta, ordered, windows, lambda w: chunk_runs(w.chunk_ids, w.num_cells, chunk_size),
+                         decode_kernel)
     return StepInputs(
         ordered,
         torch.tensor(ids, dtype=torch.long),
@@ -163,4 +170,5 @@ def build_inputs(work: Sequence[LaneWork], cells: ChunkCells, decode_kernel: Cal
         meta,
         torch.tensor(sample_rows, dtype=torch.long),
         tuple(sample_work),
+        metas,
     )

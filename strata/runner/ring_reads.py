@@ -15,6 +15,7 @@ from strata.cells.ring_step import PageMap, RingStep
 from strata.models.attention import AttentionMeta
 from strata.models.cell_reads import DecodeContiguous, DecodeRuns, PrefillContiguous, PrefillRuns
 from strata.runner.reads import split_for_rows
+from strata.runner.windows import window_metas
 from strata.step import LaneWork
 
 
@@ -30,6 +31,15 @@ def lane_runs(pages: Sequence[int], num_cells: int, page: int, where: PageMap) -
         else:
             runs.append([start, start + n])
     return tuple(slice(a, b) for a, b in runs)
+
+
+def ring_metas(work: Sequence[LaneWork], step: RingStep,
+               windows: Sequence[int] = ()) -> dict[int | None, AttentionMeta]:
+    """The step's addressing through the ring per window (None: full attention; each of
+    `windows`: reads cut to it, runner/windows.py)."""
+    ring, where = step.ring, step.pages
+    return window_metas(ring_meta(work, step), work, windows,
+                        lambda w: lane_runs(ring.lane_pages(w), w.num_cells, ring.page, where))
 
 
 def ring_meta(work: Sequence[LaneWork], step: RingStep) -> AttentionMeta:

@@ -14,7 +14,7 @@ from strata.logit_controls import LogitControls
 from strata.models.llama import LlamaModel
 from strata.runner.forward import LaneForward
 from strata.runner.inputs import StepInputs
-from strata.runner.ring_reads import ring_meta
+from strata.runner.ring_reads import ring_metas
 from strata.sampler import Sampler
 from strata.sampling import SamplingParams
 from strata.step import DraftOutcome, LaneWork, Sampled, StepOutput, StepPlan
@@ -109,7 +109,8 @@ class ModelRunner:
             return self.lanes.logits(inputs, logits_rows)
         step = self.ring.prepare(inputs.work, inputs.meta.write_index, busy_lanes)
         try:
-            logits = self.lanes.logits(inputs, logits_rows, step, ring_meta(inputs.work, step))
+            metas = ring_metas(inputs.work, step, self.model.cfg.windows)
+            logits = self.lanes.logits(inputs, logits_rows, step, metas)
         except BaseException:
             self.ring.abort(step)
             raise

@@ -23,7 +23,9 @@ CASES = {
                                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}),
     "llama-tied": ("llama", {"tie_word_embeddings": True}),
     "mistral": ("mistral", {"sliding_window": None}),
+    "mistral-window": ("mistral", {"sliding_window": 8}),  # every layer slides, window under the prompt
     "qwen2": ("qwen2", {}),
+    "qwen2-window": ("qwen2", {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1}),
     "qwen3": ("qwen3", {}),
 }
 
@@ -109,3 +111,22 @@ def test_smollm2_gguf_greedy_matches_transformers(smol, smol_tokenizer, question
     (got,) = llm.generate([ids], SamplingParams(temperature=0, max_tokens=32))
     assert list(got.token_ids) == expected[: len(got.token_ids)]
     assert len(got.token_ids) == len(expected)
+
+
+@pytest.mark.parametrize("case", ["mistral-window", "qwen2-window"])
+def test_windows_are_applied(case, tmp_path_factory, smol_tokenizer, monkeypatch):
+    """The window cases' layers are read with their windows (runner/windows.py): left as full
+    attention's reads, the same weights give other logits past the window."""
+    import strata.runner.windows as windows
+    from strata.loader.hf_dir import hf_model_config
+
+    arch, overrides = CASES[case]
+    path = make_tiny_model(arch, str(tmp_path_factory.mktemp(case)), smol_tokenizer, **overrides)
+    assert hf_model_config(path).layer_windows == ((8, 8) if arch == "mistral" else (None, 8))
+    ref = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    ids = smol_tokenizer.encode(PROMPT)
+    with torch.inference_mode():
+        expected = ref(torch.tensor([ids])).logits[0].float()
+    monkeypatch.setattr(windows, "window_meta", lambda full, *args, **kwargs: full)
+    engine = Engine(EngineConfig(model=path, dtype="float32", max_context=256, kv_chunk=16), progress=False)
+    assert (prompt_logits(engine, ids)[8:] - expected[8:]).abs().max() > 1e-3

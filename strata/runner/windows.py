@@ -1,0 +1,97 @@
+"""The addressing of sliding-window layers: one step's reads cut to each row's window.
+
+A row at position p of a layer with window W reads cells max(0, p - W + 1) .. p (as
+transformers' sliding-window mask). Every cell is still stored and written (the write
+index is the full addressing's); only the reads change. A decode row reads the last W
+cells of its lane, in place (one run, a few runs merged by log-sum-exp, or the fused
+kernel's spans starting at the window); a prefill piece (or a verify step's drafts) reads
+from its first row's window start, run by run under a banded causal mask.
+
+A lane's cells are given as runs of storage in position order (`LaneRuns`): flat pool
+cells (runner/reads.py chunk_runs), or the ring's virtual cells (runner/ring_reads.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from strata.models.attention import AttentionMeta
+from strata.models.cell_reads import DecodeContiguous, DecodeRead, DecodeRuns, DecodeSpans, PrefillRead, PrefillRuns
+from strata.step import LaneWork
+
+LaneRuns = Callable[[LaneWork], Sequence[slice]]  # a lane's cells of positions 0..num_cells-1, as runs
+
+
+def runs_from(runs: Sequence[slice], first: int) -> tuple[slice, ...]:
+    """`runs` (positions 0.. in order) without the cells of positions before `first`."""
+    out: list[slice] = []
+    pos = 0
+    for r in runs:
+        n = r.stop - r.start
+        if pos + n > first:
+            out.append(slice(r.start + max(0, first - pos), r.stop))
+        pos += n
+    return tuple(out)
+
+
+def band_masks(runs: Sequence[slice], first: int, start: int, num_cells: int,
+               window: int) -> tuple[torch.Tensor | None, ...]:
+    """Per run (positions from `first` on): [rows, run cells] bool, the row at position p
+    (rows are positions start..num_cells-1) seeing position q when p - window < q <= p;
+    None where every row sees the whole run."""
+    rows = torch.arange(start, num_cells).unsqueeze(1)
+    masks: list[torch.Tensor | None] = []
+    pos = first
+    for r in runs:
+        n = r.stop - r.start
+        q = torch.arange(pos, pos + n)
+        seen = (q <= rows) & (q > rows - window)
+        masks.append(None if bool(seen.all()) else seen)
+        pos += n
+    return tuple(masks)
+
+
+def window_meta(full: AttentionMeta, work: Sequence[LaneWork], window: int, lane_runs: LaneRuns,
+                kernel: Callable | None = None) -> AttentionMeta:
+    """The addressing of layers with `window`, beside `full` (the step's addressing for full
+    attention, whose rows and write index it keeps). `work` in row order: decoding lanes
+    (one token each) first, then prefill pieces. `kernel`: the fused decode attention, which
+    then reads every decode row (as `full` does). Where no row reaches past its window,
+    `full` itself."""
+    if all(w.num_cells <= window for w in work):
+        return full
+    decoding = [w for w in work if len(w.token_ids) == 1]
+    decode: list[DecodeRead] = []
+    if kernel is not None and decoding:
+        spans: list[tuple[int, int]] = []
+        row_spans = [0]
+        for w in decoding:
+            spans += [(r.start, r.stop - r.start) for r in runs_from(lane_runs(w), max(0, w.num_cells - window))]
+            row_spans.append(len(spans))
+        decode.append(DecodeSpans(0, len(decoding), torch.tensor(spans, dtype=torch.long),
+                                  torch.tensor(row_spans, dtype=torch.long), kernel))
+    else:
+        for row, w in enumerate(decoding):
+            runs = runs_from(lane_runs(w), max(0, w.num_cells - window))
+            decode.append(DecodeContiguous(row, runs[0]) if len(runs) == 1 else DecodeRuns(row, runs))
+    prefills: list[PrefillRead] = []
+    row = len(decoding)
+    for w in work[len(decoding):]:
+        n = len(w.token_ids)
+        first = max(0, w.start - window + 1)  # the first row's window start
+        runs = runs_from(lane_runs(w), first)
+        prefills.append(PrefillRuns(row, row + n, runs, band_masks(runs, first, w.start, w.num_cells, window)))
+        row += n
+    return AttentionMeta(full.write_index, tuple(decode), tuple(prefills))
+
+
+def window_metas(full: AttentionMeta, work: Sequence[LaneWork], windows: Sequence[int], lane_runs: LaneRuns,
+                 kernel: Callable | None = None) -> dict[int | None, AttentionMeta]:
+    """The step's addressing per window: None (full attention) -> `full`, each of `windows`
+    -> its cut reads (`window_meta`)."""
+    metas: dict[int | None, AttentionMeta] = {None: full}
+    for window in windows:
+        metas[window] = window_meta(full, work, window, lane_runs, kernel)
+    return metas
