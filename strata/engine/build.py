@@ -25,6 +25,7 @@ from strata.loader.build import TORCH_DTYPES
 from strata.loader.model_load import ModelLoad
 from strata.loader.tokenizer import Tokenizer
 from strata.models.config import ModelConfig
+from strata.models.fused import load_quant_ops
 from strata.models.llama import LlamaModel
 from strata.runner.runner import ModelRunner
 
@@ -62,11 +63,16 @@ def make_layout(config: EngineConfig, max_context: int) -> KVLayout:
 
 def _weight_bytes(config: EngineConfig, load: ModelLoad) -> int:
     """The model's weights in the compute dtype; a GGUF file under `--weights native` holds its
-    blocks as stored: the file's size (a type without a kernel loads dense: its warning says so)."""
+    blocks as stored: the file's size (a type without a kernel loads dense: its warning says so);
+    under `--weights auto` the dense copy and, beside it, at most the file's blocks. Without the
+    kernels, or on an accelerator, every mode holds the dense copy only (models/linear.py)."""
     path = load.path
-    if config.weights == "native" and path is not None and path.endswith(".gguf") and os.path.isfile(path):
-        return os.path.getsize(path)
-    return num_weight_params(load.config) * torch.empty(0, dtype=TORCH_DTYPES[config.dtype]).element_size()
+    dense = num_weight_params(load.config) * torch.empty(0, dtype=TORCH_DTYPES[config.dtype]).element_size()
+    in_place = load_quant_ops() is not None and all(d == "cpu" for d in config.devices)
+    if (config.weights == "dense" or not in_place or path is None or not path.endswith(".gguf")
+            or not os.path.isfile(path)):
+        return dense
+    return os.path.getsize(path) + (dense if config.weights == "auto" else 0)
 
 
 def _memory_plan(config: EngineConfig, load: ModelLoad, layout: KVLayout, draft: ModelLoad | None) -> MemoryPlan:
