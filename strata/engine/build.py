@@ -62,16 +62,17 @@ def make_layout(config: EngineConfig, max_context: int) -> KVLayout:
 
 
 def _weight_bytes(config: EngineConfig, load: ModelLoad) -> int:
-    """The model's weights in the compute dtype; a GGUF file under `--weights native` on CPUs
-    that run the quantized kernels holds its blocks as stored: the file's size (a type without
-    a kernel loads dense: its warning says so). Without the kernels, or on an accelerator, the
-    blocks are dequantised: a dense copy."""
+    """The model's weights in the compute dtype; a GGUF file under `--weights native` holds its
+    blocks as stored: the file's size (a type without a kernel loads dense: its warning says so);
+    under `--weights auto` the dense copy and, beside it, at most the file's blocks. Without the
+    kernels, or on an accelerator, every mode holds the dense copy only (models/linear.py)."""
     path = load.path
-    in_place = all(d == "cpu" for d in config.devices) and load_quant_ops() is not None
-    if (config.weights == "native" and in_place and path is not None and path.endswith(".gguf")
-            and os.path.isfile(path)):
-        return os.path.getsize(path)
-    return num_weight_params(load.config) * torch.empty(0, dtype=TORCH_DTYPES[config.dtype]).element_size()
+    dense = num_weight_params(load.config) * torch.empty(0, dtype=TORCH_DTYPES[config.dtype]).element_size()
+    in_place = load_quant_ops() is not None and all(d == "cpu" for d in config.devices)
+    if (config.weights == "dense" or not in_place or path is None or not path.endswith(".gguf")
+            or not os.path.isfile(path)):
+        return dense
+    return os.path.getsize(path) + (dense if config.weights == "auto" else 0)
 
 
 def _memory_plan(config: EngineConfig, load: ModelLoad, layout: KVLayout, draft: ModelLoad | None) -> MemoryPlan:

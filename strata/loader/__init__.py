@@ -15,6 +15,7 @@ from strata.loader import fingerprint
 from strata.loader.default import default_model_path
 from strata.loader.tokenizer import Tokenizer
 from strata.models.config import ModelConfig
+from strata.models.fused import load_quant_ops
 from strata.models.quant import QuantWeight
 
 log = logging.getLogger("strata.loader")
@@ -65,7 +66,7 @@ def open_model(path: str | None = None, weights: str = "dense", dtype: str = "bf
     gguf_checks.check_tokenizer_kind(reader, path)
     config = gguf_model_config(reader, path)
     gguf_checks.check_tensor_names(reader, path, config)
-    dense_only = gguf_checks.check_tensor_types(reader, path)
+    dense_only = gguf_checks.check_tensor_types(reader, path, kernels=load_quant_ops() is not None)
     if weights != "dense" and (warning := dense_only.warning(path, DTYPE_BYTES.get(dtype, 4), dtype)):
         log.warning(warning)
     tokenizer = Tokenizer.from_gguf(reader, path)

@@ -48,6 +48,11 @@ def gguf_reads(qtype: QT) -> bool:
     return True
 
 
+def supported_types() -> list[str]:
+    """Names of every type strata reads (in place or dense), sorted."""
+    return sorted(q.name for q in QT if gguf_reads(q))
+
+
 @dataclass(frozen=True)
 class DenseOnly:
     """Quantized tensors no kernel reads in place: they load dense (float32 or bfloat16)."""
@@ -55,13 +60,16 @@ class DenseOnly:
     types: dict[str, int] = field(default_factory=dict)  # type name -> tensors of it
     values: int = 0  # weights in them
     file_bytes: int = 0  # what the file spends on them
+    kernels: bool = True  # strata's in-place kernels run in this process
 
     def warning(self, path: str, dtype_bytes: int, dtype: str) -> str | None:
         if not self.types:
             return None
         names = ", ".join(f"{t} ({n} tensor{'s' * (n != 1)})" for t, n in sorted(self.types.items()))
-        return (f"{path}: {names} have no in-place kernel (strata reads {', '.join(sorted(t.name for t in KERNEL_TYPES))} "
-                f"in place): they load dense, {self.values * dtype_bytes / 2**20:.0f} MiB in {dtype} "
+        why = (f"have no in-place kernel (strata reads {', '.join(sorted(t.name for t in KERNEL_TYPES))} in place)"
+               if self.kernels else "are not read in place here: strata's quantized kernels are not built "
+               "(strata/_decode_ops) or this CPU lacks AVX2")
+        return (f"{path}: {names} {why}: they load dense, {self.values * dtype_bytes / 2**20:.0f} MiB in {dtype} "
                 f"instead of the file's {self.file_bytes / 2**20:.0f} MiB")
 
 
@@ -105,8 +113,9 @@ def check_tensor_names(reader: GGUFReader, path: str, cfg: ModelConfig) -> None:
             raise LoaderError(f"{path}: tensor {name!r} ({hf_name(name, cfg.arch)}) is missing")
 
 
-def check_tensor_types(reader: GGUFReader, path: str) -> DenseOnly:
-    """Every tensor's type is one strata reads (in place or dense); which load dense."""
+def check_tensor_types(reader: GGUFReader, path: str, kernels: bool = True) -> DenseOnly:
+    """Every tensor's type is one strata reads (in place or dense); which load dense (every
+    quantized type when `kernels` is False: no in-place kernel runs in this process)."""
     counts: dict[str, int] = {}
     values = file_bytes = 0
     readable: dict[QT, bool] = {}
@@ -115,11 +124,10 @@ def check_tensor_types(reader: GGUFReader, path: str) -> DenseOnly:
         if qtype not in readable:
             readable[qtype] = gguf_reads(qtype)
         if not readable[qtype]:
-            known = sorted(q.name for q in QT if gguf_reads(q))
             raise LoaderError(f"{path}: tensor {t.name!r} has type {qtype.name}, which strata cannot read "
-                              f"(supported: {', '.join(known)})")
-        if qtype not in KERNEL_TYPES and qtype not in FLOAT_TYPES:
+                              f"(supported: {', '.join(supported_types())})")
+        if (qtype not in KERNEL_TYPES or not kernels) and qtype not in FLOAT_TYPES:
             counts[qtype.name] = counts.get(qtype.name, 0) + 1
             values += int(np.prod([int(d) for d in t.shape]))
             file_bytes += int(t.n_bytes)
-    return DenseOnly(counts, values, file_bytes)
+    return DenseOnly(counts, values, file_bytes, kernels)

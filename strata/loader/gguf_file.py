@@ -10,7 +10,8 @@ from collections.abc import Iterator
 
 import numpy as np
 import torch
-from gguf import GGUFReader
+from gguf import GGMLQuantizationType, GGUFReader
+from gguf.constants import GGML_QUANT_SIZES
 
 from strata.errors import LoaderError
 from strata.models.config import ModelConfig
@@ -54,6 +55,8 @@ NORM_PLUS_ONE_ARCHES = frozenset({"gemma3_text"})
 # sliding layers' RoPE base 10000, queries scaled by head_dim ** -0.5.
 GEMMA3_SLIDING_PATTERN = 6
 GEMMA3_LOCAL_THETA = 10_000.0
+# GGML type ids gguf-py can lay out (an enum value with a block size).
+_KNOWN_TYPE_IDS = frozenset(int(q) for q in GGMLQuantizationType if q in GGML_QUANT_SIZES)
 # llama.cpp's rotary layout for these arches stores q/k rows permuted; undo it on load.
 PERMUTED_QK_ARCHES = frozenset({"llama", "mistral"})
 
@@ -64,15 +67,29 @@ class _PastEnd(Exception):
         self.end = end
 
 
+class _UnknownType(Exception):
+    def __init__(self, tensor: str, type_id: int):
+        super().__init__(tensor, type_id)
+        self.tensor, self.type_id = tensor, type_id
+
+
 class _Reader(GGUFReader):
-    """GGUFReader that stops at a read past the end of the file: gguf-py slices its memory
-    map short there and fails later with an unrelated numpy error."""
+    """GGUFReader that stops at a read past the end of the file (gguf-py slices its memory
+    map short there and fails later with an unrelated numpy error) and at a tensor whose
+    type id gguf-py does not know (it fails with a bare ValueError naming no tensor)."""
 
     def _get(self, offset, dtype, count=1, override_order=None):
         end = int(offset) + np.dtype(dtype).itemsize * int(count)
         if end > len(self.data):
             raise _PastEnd(end)
         return super()._get(offset, dtype, count, override_order)
+
+    def _build_tensors(self, start_offs, fields) -> None:
+        for f in fields:  # parts: name length, name bytes, n_dims, dims, type id, data offset
+            type_id = int(f.parts[4][0])
+            if type_id not in _KNOWN_TYPE_IDS:
+                raise _UnknownType(bytes(f.parts[1]).decode("utf-8", "replace"), type_id)
+        super()._build_tensors(start_offs, fields)
 
 
 def open_gguf(path: str) -> GGUFReader:
@@ -84,8 +101,23 @@ def open_gguf(path: str) -> GGUFReader:
         raise LoaderError(
             f"{path} is truncated: reading it needs {exc.end} bytes, the file has {os.path.getsize(path)}"
         ) from exc
+    except _UnknownType as exc:
+        from strata.loader.gguf_checks import supported_types  # gguf_checks imports this module
+
+        raise LoaderError(f"{path}: tensor {exc.tensor!r} has GGML type id {exc.type_id}, which gguf-py "
+                          f"{gguf_version()} does not know and strata cannot read "
+                          f"(supported: {', '.join(supported_types())})") from exc
     except Exception as exc:  # gguf raises ValueError, struct/numpy errors on bad files
         raise LoaderError(f"{path} is not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
+
+
+def gguf_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gguf")
+    except PackageNotFoundError:
+        return "(unknown version)"
 
 
 def field_value(reader: GGUFReader, key: str, default=None):

@@ -145,6 +145,31 @@ def test_types_without_a_kernel_load_dense_with_one_warning(qtype, tmp_path, fie
     assert greedy(native, ids) == greedy(dense, ids)
 
 
+def test_without_the_kernels_every_quantized_type_loads_dense_with_one_warning(tmp_path, fields, caplog, monkeypatch):
+    """No in-place kernel in this process (not built, or no AVX2): native and auto hold dense
+    weights, and say so once, naming the types; the memory guard counts the dense copy."""
+    import strata.engine.build as build
+    import strata.loader as loader
+    import strata.models.head as head
+    import strata.models.layers as layers
+    import strata.models.linear as linear
+
+    for module in (loader, build, linear, head, layers):
+        monkeypatch.setattr(module, "load_quant_ops", lambda: None)
+    plans = []
+    monkeypatch.setattr(build, "check_memory", lambda plan, *a: plans.append(plan))
+    path = tiny_file(tmp_path, QT.Q4_K, fields, tied=False)
+    with caplog.at_level(logging.WARNING, logger="strata.loader"):
+        native = engine(path, "native")
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "Q4_K (16 tensors)" in warnings[0] and "kernels are not built" in warnings[0], warnings
+    assert all(layer.qkv.weight is not None and layer.qkv.quant is None for layer in native._model.layers)
+    dense = engine(path, "dense")
+    assert plans[0].weight_bytes == plans[1].weight_bytes  # no file's blocks counted beside the dense copy
+    ids = dense.tokenizer.encode(PROMPT)
+    assert greedy(native, ids) == greedy(dense, ids)
+
+
 # ---- refusals come first -------------------------------------------------------------------
 
 
@@ -193,13 +218,30 @@ def test_a_refused_file_fails_before_any_tensor_is_read_or_hashed(what, spies, t
     assert spies == []
 
 
+@pytest.mark.parametrize("type_id", [4, 99], ids=["retired-Q4_2", "unknown"])
+def test_a_type_id_gguf_does_not_know_is_refused_naming_the_tensor(type_id, spies, tmp_path, fields):
+    """A newer (or retired) GGML type id in the tensor table: refused as the header is parsed,
+    naming the tensor, the id and what strata reads, before any tensor is read or hashed."""
+    path = tiny_file(tmp_path, QT.Q8_0, fields, tied=False)
+    writable = GGUFReader(path, "r+")
+    target = next(t for t in writable.tensors if t.name == "blk.1.ffn_up.weight")
+    target.field.parts[4][0] = type_id  # the tensor info's type id, in the file's memory map
+    writable.data.flush()
+    del writable, target
+    with pytest.raises(LoaderError) as info:
+        open_model(path, weights="auto")
+    message = str(info.value)
+    for needle in [path, "'blk.1.ffn_up.weight'", f"type id {type_id}", "supported: ", "Q4_K", "IQ4_XS"]:
+        assert needle in message, (needle, message)
+    assert spies == [], f"read before refusing: {spies}"
+
 
 # with the kernels: only where this CPU has AVX2 (FUSED_ONLY); without them: everywhere, forced
 @pytest.mark.parametrize("kernels", [True] * len(FUSED_ONLY) + [False], ids=["kernels"] * len(FUSED_ONLY) + ["no-kernels"])
-def test_the_memory_guard_counts_the_files_blocks_under_native(kernels, tmp_path, fields, monkeypatch):
+def test_the_memory_guard_counts_what_each_weights_mode_holds(kernels, tmp_path, fields, monkeypatch):
     """native holds the file's blocks where the kernels run: the guard adds up the file's bytes,
-    not a dense copy; without them (a CPU without AVX2, forced here) native loads dense, and the
-    guard counts the dense copy."""
+    not a dense copy; auto holds both. Without the kernels (a CPU without AVX2, forced here)
+    every mode loads dense, and the guard counts the dense copy only."""
     import os
 
     import strata.engine.build as build
@@ -213,9 +255,11 @@ def test_the_memory_guard_counts_the_files_blocks_under_native(kernels, tmp_path
     monkeypatch.setattr(build, "check_memory", lambda plan, *a: plans.setdefault(len(plans), plan))
     engine(path, "native", "bfloat16")
     engine(path, "dense", "bfloat16")
-    native, dense = plans[0], plans[1]
+    engine(path, "auto", "bfloat16")
+    native, dense, auto = plans[0], plans[1], plans[2]
     if kernels:
         assert native.weight_bytes == os.path.getsize(path) < dense.weight_bytes
+        assert auto.weight_bytes == dense.weight_bytes + os.path.getsize(path)  # the dense copy beside the blocks
     else:
-        assert native.weight_bytes == dense.weight_bytes > os.path.getsize(path)
-    assert native.kv_bytes == dense.kv_bytes
+        assert native.weight_bytes == dense.weight_bytes == auto.weight_bytes > os.path.getsize(path)
+    assert native.kv_bytes == dense.kv_bytes == auto.kv_bytes
