@@ -8,11 +8,9 @@ that start at once; a 200-id prompt decoding holds 13-14 chunks, so no chat prom
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
-from serving import RunningServer, sse_events
+from held import running_long
 
 from tests.conftest import require
 
@@ -22,33 +20,21 @@ LONG_USER = "Please list, one per line, " + " ".join(f"word{i}" for i in range(4
 BODY = {"model": "smol", "max_tokens": 2, "messages": [{"role": "user", "content": LONG_USER}]}
 
 
-@contextmanager
-def decoding_long(server: RunningServer, start: int) -> Iterator[None]:
-    """A streaming completion of 200 prompt ids that is decoding while the block runs."""
-    body = {"prompt": list(range(start, start + 200)), "max_tokens": 16, "temperature": 0,
-            "ignore_eos": True, "stream": True}
-    with server.client() as c, c.stream("POST", "/v1/completions", json=body) as r:
-        assert r.status_code == 200
-        events = sse_events(r)
-        for event in events:
-            if json.loads(event)["choices"][0]["text"]:
-                break
-        yield
-        for _ in events:
-            pass
-
-
 def test_full_pool_is_529_overloaded_then_the_clients_retry_succeeds(pool_server):
     client = pool_server.anthropic(max_retries=10)
-    with decoding_long(pool_server, 7000):
+    def refused_stream() -> list[str]:
+        with pool_server.client() as c, c.stream("POST", "/v1/messages", json={**BODY, "stream": True}) as s:
+            assert s.status_code == 200  # sse_keepalive_s=0: the stream starts at once
+            return [line for line in s.iter_lines() if line]
+
+    with running_long(pool_server, 7000) as held:  # the long one's steps held at the gate
         with pool_server.client() as c:
-            r = c.post("/v1/messages", json=BODY)
-            with c.stream("POST", "/v1/messages", json={**BODY, "stream": True}) as s:
-                assert s.status_code == 200  # sse_keepalive_s=0: the stream starts at once
-                lines = [line for line in s.iter_lines() if line]
+            r = held.send(lambda: c.post("/v1/messages", json=BODY))
+        lines = held.send(refused_stream)
         with pytest.raises(anthropic.OverloadedError) as caught:
-            pool_server.anthropic(max_retries=0).messages.create(**BODY)
-        done = client.messages.create(**BODY)  # retried after retry-after until the long one ends
+            held.send(lambda: pool_server.anthropic(max_retries=0).messages.create(**BODY))
+        # its first try meets the long one too; retried after retry-after until the long one ends
+        done = held.send(lambda: client.messages.create(**BODY), then_release=True)
     assert r.status_code == 529, r.text
     assert int(r.headers["retry-after"]) >= 1
     body = r.json()
