@@ -99,7 +99,7 @@ def _scheduler(cache_cls, num_chunks: int, chunk: int, lanes: int):
 
     s = Scheduler(PooledLayout(num_chunks, chunk), lanes, max_context=8 * CONV_TOKENS, prefill_chunk=1 << 20)
     if cache_cls is not None:
-        s.cache = cache_cls()
+        s.replace_cache(cache_cls())
     return s
 
 

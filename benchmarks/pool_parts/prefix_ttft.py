@@ -38,7 +38,7 @@ def arm_prefix_ttft(p: dict) -> dict:
     for n in p["sharers"]:
         for arm, cache_cls in (("sharing", ConversationCache), ("without", NoSharingCache)):
             engine._scheduler.clear_cache()
-            engine._scheduler.cache = cache_cls()
+            engine._scheduler.replace_cache(cache_cls())
             prompts = [system + random_tokens(QUESTION_TOKENS, 100 + i, vocab) for i in range(n)]
             rows = [timed_request(engine, prompt) for prompt in prompts]
             st = engine._scheduler.stats()
@@ -49,7 +49,7 @@ def arm_prefix_ttft(p: dict) -> dict:
                   f"{statistics.median(later) if later else float('nan'):.2f} s, chunks held {st.num_chunks_held}",
                   file=sys.stderr)
     engine._scheduler.clear_cache()
-    engine._scheduler.cache = ConversationCache()
+    engine._scheduler.replace_cache(ConversationCache())
     return {"results": out, "peak_rss_mib": peak_rss_mib()}
 
 

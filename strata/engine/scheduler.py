@@ -267,6 +267,12 @@ class Scheduler:
         """Evict every idle conversation."""
         self.lanes.clear_cache()
 
+    def replace_cache(self, cache: ConversationCache) -> None:
+        """Hold conversations in `cache` from now on (benchmarks compare cache kinds); the
+        current cache must hold none (clear_cache first, with no request running)."""
+        assert not self.seqs and len(self.cache) == 0, "replace_cache with conversations held"
+        self.cache = self.lanes.cache = cache
+
     # ---- views ----------------------------------------------------------------------
     @property
     def has_work(self) -> bool:
