@@ -285,7 +285,7 @@ def test_queue_full_is_decided_before_tokenizing(front, monkeypatch):
         assert calls == []  # refused without rendering the template or tokenizing
     with front.client() as c:  # and the spy does see a request that is taken
         eventually(lambda: c.post("/v1/chat/completions", json=CHAT).status_code == 200)
-    assert "encode_chat" in calls
+    assert {"encode_chat", "render_chat"} & set(calls), calls  # the chat template was rendered
 
 
 # ---- stop strings and 500s ------------------------------------------------------------------
