@@ -27,6 +27,7 @@ import torch
 from strata.config import EngineConfig
 from strata.detok import IncrementalDetokenizer
 from strata.engine.build import build_parts
+from strata.engine.choices import HeldChoices
 from strata.engine.conversation import Conversation
 from strata.engine.info import EngineInfo
 from strata.engine.picture import PoolPicture, take_picture
@@ -70,7 +71,7 @@ class Engine:
         self._stop_token_ids = frozenset(cfg.eos_token_ids) | frozenset(self.tokenizer.eos_token_ids)
         self._requests: dict[str, RequestState] = {}
         self._undelivered: defaultdict[str, deque[RequestOutput]] = defaultdict(deque)  # for `stream`
-        self._held_choices: dict[str, list[str]] = {}  # first choice -> the choices waiting to fork it
+        self._held_choices = HeldChoices()
         self._ids = itertools.count()
         self._step_seconds: deque[float] = deque(maxlen=32)
         self.last_admissions: tuple[Admission, ...] = ()  # the requests the last step admitted
@@ -102,8 +103,7 @@ class Engine:
             for rid in [first, *rest]:
                 self.cancel(rid)
             raise
-        if rest:
-            self._held_choices[first] = rest
+        self._held_choices.hold(first, rest)
         return [first, *rest]
 
     def _register(self, prompt: str | Sequence[int] | Prompt, params: SamplingParams, request_id: str | None,
@@ -128,19 +128,6 @@ class Engine:
             drafting=self._scheduler.drafts is not None, controls=controls,
         )
         return request_id
-
-    def _release_choices(self) -> None:
-        """Held choices go to the scheduler once their first choice's prompt is written (it has a
-        token), or it ended."""
-        for first, rest in list(self._held_choices.items()):
-            state = self._requests.get(first)
-            if state is not None and not state.output_ids:
-                continue
-            del self._held_choices[first]
-            for rid in rest:
-                if rid in self._requests:
-                    held = self._requests[rid]
-                    self._scheduler.add(rid, held.prompt_ids, held.params.max_tokens)
 
     def cancel(self, request_id: str) -> RequestOutput | None:
         """End a request (waiting or running); its chunks go back to the pool. None: not open."""
@@ -193,8 +180,7 @@ class Engine:
         self.last_admissions = plan.admitted
         outputs = self._settle_admissions(plan)
         if plan.is_empty:
-            if self._held_choices:
-                self._release_choices()
+            self._held_choices.release(self._requests, self._scheduler.add)
             return outputs
         params = {w.request_id: self._requests[w.request_id].params for w in plan.work}
         generators = {w.request_id: self._requests[w.request_id].generator for w in plan.work}
@@ -206,8 +192,7 @@ class Engine:
         outputs += self._commit(plan, result)
         if plan.work:
             self._step_seconds.append(time.perf_counter() - t0)
-        if self._held_choices:
-            self._release_choices()
+        self._held_choices.release(self._requests, self._scheduler.add)
         return outputs
 
     def run_until_done(self) -> list[RequestOutput]:
