@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import resource
 import statistics
 import subprocess
@@ -118,3 +119,15 @@ def write_json(name: str, payload: dict, out: str = RESULTS_DIR) -> str:
     with open(path, "w") as f:
         json.dump(payload, f, indent=2)
     return path
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), for every benchmark's title."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

@@ -36,7 +36,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import add_quick_and_out, interleaved, medians, peak_rss_mib, print_table, rss_mib, run_arm, write_json
+from benchmarks.common import add_quick_and_out, cpu_name, interleaved, medians, peak_rss_mib, print_table, rss_mib, run_arm, write_json
 from benchmarks.decode_parts import llamacpp
 from benchmarks.decode_parts.plot import plot
 
@@ -266,11 +266,6 @@ def main() -> None:
                                        "table": table, "loadavg": [load_before, os.getloadavg()]}, args.out)
     plot(med, names, os.path.splitext(path)[0] + ".png")
     print(f"raw numbers: {path} (plot: {os.path.basename(os.path.splitext(path)[0])}.png next to it)")
-
-
-def cpu_name() -> str:
-    with open("/proc/cpuinfo") as f:
-        return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown CPU")
 
 
 if __name__ == "__main__":

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import add_quick_and_out, print_table, write_json  # noqa: E402
+from benchmarks.common import add_quick_and_out, cpu_name, print_table, write_json  # noqa: E402
 from benchmarks.grammar_parts.libraries import measure_all  # noqa: E402
 from strata.config import EngineConfig  # noqa: E402
 
@@ -34,17 +33,6 @@ LONG_SCHEMA = {"type": "object", "properties": {"words": {"type": "array", "minI
                                                           "items": {"type": "string", "maxLength": 12}}},
                "required": ["words"], "additionalProperties": False}
 PROMPT = [{"role": "user", "content": "List many English words as JSON."}]
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def decode_run(engine, prompt, params, lanes: int) -> float:
