@@ -14,6 +14,7 @@ from contextlib import contextmanager
 
 from serving import RunningServer, sse_events
 
+
 def ids(start: int, n: int) -> list[int]:
     """n distinct token ids from `start`: prompts from different starts share no prefix."""
     return list(range(start, start + n))
@@ -23,30 +24,33 @@ REFUSED_WITHIN = 2  # steps: a request in the loop's inbox is submitted after th
 
 
 class Submits:
-    """The requests the HTTP side hands the engine loop, counted as they are handed (the loop's
-    submit wrapped on this server: monotonic, unlike the count of open requests)."""
+    """The requests the HTTP side hands one server's engine loop, counted as they are handed
+    (the loop's submit wrapped, once per server: monotonic, unlike the count of open requests)."""
 
-    def __init__(self, server: RunningServer) -> None:
-        loop = server.server.config.app.state.strata.loop
+    def __init__(self, loop) -> None:
         self.count = 0
-        self._lock = threading.Lock()
-        if not hasattr(loop, "_test_submits"):
-            submit = loop.submit_choices
+        lock = threading.Lock()
+        submit = loop.submit_choices
 
-            def counted(*args, **kwargs):
-                handles = submit(*args, **kwargs)
-                with self._lock:
-                    self.count += 1
-                return handles
+        def counted(*args, **kwargs):
+            handles = submit(*args, **kwargs)
+            with lock:
+                self.count += 1
+            return handles
 
-            loop.submit_choices = counted
-            loop._test_submits = self
-        self.counter = loop._test_submits
+        loop.submit_choices = counted
+
+    @staticmethod
+    def on(server: RunningServer) -> Submits:
+        loop = server.server.config.app.state.strata.loop
+        if not hasattr(loop, "test_submits"):
+            loop.test_submits = Submits(loop)
+        return loop.test_submits
 
     def wait_beyond(self, n: int, timeout: float = 120.0) -> None:
         """Until more than `n` requests in all were handed to the loop."""
         deadline = time.monotonic() + timeout
-        while self.counter.count <= n:
+        while self.count <= n:
             assert time.monotonic() < deadline, f"no request past the {n}th reached the engine loop"
             time.sleep(0.005)
 
@@ -55,13 +59,13 @@ class Held:
     """The engine's steps held at the gate while a long stream decodes (see `running_long`)."""
 
     def __init__(self, server: RunningServer) -> None:
-        self.server, self.gate, self.submits = server, server.gate, Submits(server)
+        self.server, self.gate, self.submits = server, server.gate, Submits.on(server)
         self.rest: list[dict] = []  # the long stream's events after the block
 
     def send(self, fn: Callable[[], object], steps: int = REFUSED_WITHIN, then_release: bool = False):
         """`fn()` (a blocking request) in a thread; once the loop has it, `steps` more steps
         (then the gate opens if `then_release`); returns what fn returned or raises what it raised."""
-        before = self.submits.counter.count
+        before = self.submits.count
         outcome: dict = {}
 
         def run() -> None:
@@ -103,7 +107,7 @@ def running_long(
     gate = held.gate
     gate.hold()
     try:
-        before = held.submits.counter.count
+        before = held.submits.count
         with server.client() as c, c.stream("POST", "/v1/completions", json=body) as r:
             assert r.status_code == 200  # sse_keepalive_s=0: the stream starts before admission
             events = sse_events(r)

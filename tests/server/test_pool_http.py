@@ -141,7 +141,7 @@ def test_too_many_waiting_is_503(pool_server):
 
     with running_long(pool_server, 11000, num_prompt=20, max_tokens=80) as first:
         with running_long(pool_server, 11500, num_prompt=20, max_tokens=80) as second:
-            before = second.submits.counter.count
+            before = second.submits.count
             waiter = threading.Thread(target=wait_for_lane)
             waiter.start()
             second.submits.wait_beyond(before)
