@@ -1,4 +1,4 @@
-"""Ports for servers a test cannot hand a bound socket to.
+"""Ports for servers a test cannot hand a bound socket to, and waiting for a server process.
 
 `strata serve` takes one (`--fd`, see tests/server/test_slots.py). Ray Serve's HTTP proxy
 binds its port itself, in a process of Ray's; it sets SO_REUSEPORT (Serve's default). So
@@ -11,6 +11,8 @@ take the port meanwhile (the kernel's port 0 never picks it either).
 from __future__ import annotations
 
 import socket
+import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -25,3 +27,21 @@ def held_port(host: str = "127.0.0.1") -> Iterator[int]:
         yield sock.getsockname()[1]
     finally:
         sock.close()
+
+
+def wait_serving(base: str, proc: subprocess.Popen, what: str, path: str = "/health",
+                 timeout_s: float = 300.0) -> None:
+    """Until `GET base + path` answers 200; fails at once with the process's stderr if it
+    exited, or after `timeout_s` saying `what` never served."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert proc.poll() is None, proc.stderr.read()
+        try:
+            if httpx.get(f"{base}{path}", timeout=10).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, f"{what} never served"
+        time.sleep(0.1)

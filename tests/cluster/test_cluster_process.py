@@ -12,10 +12,8 @@ import subprocess
 import sys
 import time
 
-import httpx
-
 from tests.conftest import require
-from tests.ports import held_port
+from tests.ports import held_port, wait_serving
 
 openai = require("openai")
 psutil = require("psutil")
@@ -42,16 +40,7 @@ def test_one_chat_then_sigterm_stops_everything_it_started(tiny_llama_dir):
                                 start_new_session=True)  # its own group: whatever it leaves is found below
         base = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.monotonic() + READY_S
-            while True:
-                assert proc.poll() is None, proc.stderr.read()
-                try:
-                    if httpx.get(f"{base}/v1/models", timeout=10).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                assert time.monotonic() < deadline, "strata cluster never served"
-                time.sleep(0.2)
+            wait_serving(base, proc, "strata cluster", "/v1/models", READY_S)
             client = openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0, timeout=120)
             raw = client.chat.completions.with_raw_response.create(
                 model="tiny", messages=CHAT, max_tokens=8, temperature=0, extra_body={"ignore_eos": True})

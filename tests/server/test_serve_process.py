@@ -22,25 +22,13 @@ import time
 import httpx
 
 from tests import stepped
+from tests.ports import wait_serving
 from tests.stepped import Gate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KEY = "key-from-the-environment"
 STOP_BOUND_S = 60.0  # SIGTERM to exit: uvicorn's 5 s grace for open streams, then the engine stops
 STOPPED = re.compile(r"strata: stopped: (\d+) request\(s\) running, (\d+) of (\d+) K/V chunks held by requests")
-
-
-def wait_healthy(base: str, proc: subprocess.Popen, timeout_s: float = 300) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stderr.read()
-        try:
-            if httpx.get(f"{base}/health", timeout=5).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError("strata serve did not become healthy")
 
 
 def open_stream(base: str, start: int, first_token: threading.Event, ended: list) -> threading.Thread:
@@ -81,7 +69,7 @@ def test_sigterm_with_open_streams_frees_their_chunks_and_exits_0(tiny_llama_dir
     sock.close()  # the server holds it now
     try:
         gate.open()
-        wait_healthy(base, proc)
+        wait_serving(base, proc, "strata serve")
         # The key came from the environment: every route but /health needs it.
         assert httpx.get(f"{base}/v1/models").status_code == 401
         assert httpx.get(f"{base}/v1/models", headers={"Authorization": "Bearer wrong"}).status_code == 401

@@ -11,13 +11,13 @@ import os
 import socket
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
 from serving import engine_loader, start_server
 
 from strata.kv.session_format import read_header
+from tests.ports import wait_serving
 from strata.server.settings import ServerSettings
 
 ENGINE = {"dtype": "bfloat16", "max_context": 512, "batch": 1, "kv_pool_tokens": 1024, "kv_chunk": 16}
@@ -101,7 +101,7 @@ def test_saved_slot_restores_in_a_new_serve_process(slot_server, slot_dir, gguf_
     sock.close()  # the child holds it now
     try:
         base = f"http://127.0.0.1:{port}"
-        wait_healthy(base, proc)
+        wait_serving(base, proc, "the second server")
         r = post(base, 1, "restore", {"filename": "turn1.bin"})
         assert r.status_code == 200, r.text
         assert (r.json()["n_restored"], r.json()["n_read"]) == (saved["n_saved"], saved["n_written"])
@@ -120,19 +120,6 @@ def bound_socket() -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     return sock
-
-
-def wait_healthy(base: str, proc: subprocess.Popen, timeout_s: float = 300) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stderr.read()
-        try:
-            if httpx.get(f"{base}/health", timeout=5).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError("the second server did not become healthy")
 
 
 def test_storage_errors_are_named_with_the_path_and_the_bytes(slot_server, slot_dir, monkeypatch):
