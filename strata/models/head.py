@@ -5,8 +5,9 @@ of the weight ([vocab, hidden], 56.6 MB in bf16 for the default model: about a q
 its step). `Int8Head` keeps a per-row symmetric int8 copy (w ~= q * scale, q in
 [-127, 127], scale = max|w_row| / 127) and reads it for steps of at most `max_rows` rows,
 where torch's int8 CPU kernel is faster; prompt rows (a prefill piece, whether or not its
-prefix was cached) and longer steps read the dense weight, so prefill logits are unchanged. Quality is measured, not assumed:
-`benchmarks/head_quality.py` reports top-1 agreement with the dense head.
+prefix was cached) and longer steps read the dense weight, so prefill logits are unchanged.
+Quality is measured, not assumed: `benchmarks/head_quality.py` reports top-1 agreement with
+the dense head.
 """
 
 from __future__ import annotations

@@ -4,15 +4,15 @@ Which form a projection reads (`fused_linear`), as measured by benchmarks/quant_
 (one decoder layer of the default model, 1 thread, a Sapphire Rapids guest with AMX):
 
 - `--weights native`: the file's blocks (models/quant.py) at every step, any dtype;
-- `--weights auto`, bfloat16: decode steps of at most `quant_max_rows()` rows read Q4_0 and
-  Q4_1 through torch's int4 kernel (q4.py; 1 row 0.29 ms against 0.40 ms for strata's
-  kernel) and every other type through strata's kernel (Q8_0 0.31 ms; on a 1024-wide layer
-  Q4_K 0.61 ms against 0.79 ms for its int4 form); longer steps read the dense copy, whose
-  bfloat16 GEMM runs on AMX tiles and is flat in rows (0.7-0.8 ms: faster than any 4-bit
-  path from about 6 rows on);
-- `--weights auto`, float32: steps of up to 8 rows read the blocks in place against float32
+- `--weights auto`, bfloat16: a step's decode rows, when it has at most `quant_max_rows()` of
+  them, read Q4_0 and Q4_1 through torch's int4 kernel (q4.py; 1 row 0.29 ms against 0.40 ms
+  for strata's kernel) and every other type through strata's kernel (Q8_0 0.31 ms; on a
+  1024-wide layer Q4_K 0.61 ms against 0.79 ms for its int4 form); prompt rows (in any step:
+  models/rows.py) and more decode rows read the dense copy, whose bfloat16 GEMM runs on AMX
+  tiles and is flat in rows (0.7-0.8 ms: faster than any 4-bit path from about 6 rows on);
+- `--weights auto`, float32: up to 8 decode rows read the blocks in place against float32
   activations, exact values (1 row 0.93 ms against 0.70 ms dense float32, 8 rows 1.9 against
-  1.8, but 4 rows 1.2 against 1.2; torch's int4 kernel takes 9 ms), longer ones dense;
+  1.8, but 4 rows 1.2 against 1.2; torch's int4 kernel takes 9 ms), prompt rows and more dense;
 - `--weights dense`, or a layer on an accelerator: dense.
 """
 

@@ -424,7 +424,8 @@ def test_move_reserved_copies_every_cell():
     s.add("a2", first + [1000])
     p = d.step()
     assert p.admitted == (Admission("a2", 2, 10),)
-    assert p.work == (LaneWork(2, "a2", (1000,), 10, (6, 7, 8), True, prompt=True),)  # a cached prompt's last token: a prompt row
+    # a cached prompt's last token is a prompt row
+    assert p.work == (LaneWork(2, "a2", (1000,), 10, (6, 7, 8), True, prompt=True),)
 
 
 @pytest.mark.parametrize("kind", ["pooled", "reserved"])
