@@ -158,6 +158,20 @@ class LlamaModel:
         limits = [lin.max_rows for layer in self.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
         return None if any(m is None for m in limits) else min(limits)
 
+    @property
+    def weight_forms(self) -> dict[str, int]:
+        """How many projections read each form at decode rows: "int4" (torch's int4 kernel),
+        "quant" (strata's kernels, the file's blocks), "dense" (prompt rows always are)."""
+        forms: dict[str, int] = {}
+        for layer in self.layers:
+            for lin in (layer.qkv, layer.o, layer.gate_up, layer.down):
+                for run in getattr(lin, "runs", [lin]):
+                    form = "int4" if run.int4 is not None else "quant" if run.quant is not None else "dense"
+                    forms[form] = forms.get(form, 0) + 1
+        head = type(self.lm_head).__name__
+        forms["head"] = {"Int8Head": "int8", "QuantHead": "quant"}.get(head, "dense")
+        return forms
+
     def decode_attention_kernel(self, kv_dtype: torch.dtype) -> Callable | None:
         """The fused decode attention over spans (`DecodeSpans`) where it applies: the fused ops
         loaded (every layer on the CPU), K/V stored in the compute dtype (float32 or bfloat16),
