@@ -15,6 +15,22 @@ from collections.abc import Callable, Sequence
 from tqdm import tqdm
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+# `make venv` installs matplotlib (pyproject's test extra); another set-up asks for the bench extra
+INSTALL_PLOTS = "pip install -e '.[bench]' (or `make venv`, which installs it with the test extra)"
+
+
+def pyplot():
+    """matplotlib.pyplot drawing to files (the Agg backend), or None where matplotlib is not
+    installed: then the benchmark's numbers are still written and it says how to get the plot."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"no plot: matplotlib is not installed; {INSTALL_PLOTS}", file=sys.stderr)
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def peak_rss_mib() -> float:

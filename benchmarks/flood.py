@@ -32,7 +32,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import add_quick_and_out, print_table, write_json  # noqa: E402
+from benchmarks.common import add_quick_and_out, print_table, pyplot, write_json  # noqa: E402
 from benchmarks.serve_parts.servers import Server, free_port  # noqa: E402
 
 OUTCOMES = ("served", "refused", "other", "no answer")
@@ -158,10 +158,9 @@ def failures_of(s: dict) -> list[str]:
 
 
 def plot(results: dict, path: str, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    if plt is None:
+        return
 
     fig, ax = plt.subplots(figsize=(8, 4))
     labels = [f"{arm}\n{api}" for arm in results for api in ROUTES]

@@ -25,7 +25,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import add_quick_and_out, cpu_name, print_table, write_json  # noqa: E402
+from benchmarks.common import add_quick_and_out, cpu_name, print_table, pyplot, write_json  # noqa: E402
 from benchmarks.grammar_parts.libraries import measure_all  # noqa: E402
 from strata.config import EngineConfig  # noqa: E402
 
@@ -116,10 +116,9 @@ def main() -> int:
 
 
 def plot(result: dict, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    if plt is None:
+        return
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     rows = result["decode"]

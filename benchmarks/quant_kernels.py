@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import add_quick_and_out, cpu_name, print_table, write_json
+from benchmarks.common import add_quick_and_out, cpu_name, print_table, pyplot, write_json
 
 HEAD = (49152, 576)
 
@@ -163,10 +163,9 @@ def main() -> None:
 
 def plot(med: dict[str, dict[int, float]], path: str, title: str) -> None:
     """Each arm's speed relative to dense bfloat16 at each row count (higher is faster)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    if plt is None:
+        return
 
     fig, ax = plt.subplots(figsize=(9, 4.5))
     base = med["dense bf16"]

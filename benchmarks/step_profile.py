@@ -5,7 +5,9 @@
 The default model in bf16 (`--weights auto`), each lane at ~560 cells of context (a
 512-token prompt, then decoding), as in `../shared/notes/decode-step-profile.md`. For each
 lane count, one engine profiles `--steps` engine steps under `torch.profiler` with the
-fused decode ops (strata/csrc), with the fused ops but decode attention through torch's
+fused decode ops (strata/csrc; its attention in the instruction set chosen at run time), on
+CPUs with AVX-512 with the attention's AVX2 variant forced (arm "fused, AVX2 attention":
+what the AVX-512 variant adds), with the fused ops but decode attention through torch's
 SDPA reads (arm "fused, SDPA reads": what the fused attention kernel adds), and with them
 off (`STRATA_FUSED=0` semantics: the model's torch ops), interleaved. The table lists, per arm, ms per step for the heaviest ops by
 self CPU time; the JSON has every op; the PNG stacks each arm's step by op (both in
@@ -21,11 +23,20 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import add_quick_and_out, print_table, write_json
+from benchmarks.common import add_quick_and_out, cpu_name, print_table, pyplot, write_json
 from benchmarks.decode import prompt_ids
 
 TOP = 8
-ARMS = ("fused", "fused, SDPA reads", "torch")
+ALL_ARMS = ("fused", "fused, AVX2 attention", "fused, SDPA reads", "torch")
+
+
+def arms_here() -> tuple[str, ...]:
+    """ALL_ARMS less the AVX2-attention arm where AVX2 is all the kernel has (it is "fused")."""
+    from strata.models.fused import load_decode_ops
+
+    ops = load_decode_ops(enabled=True)
+    wide = ops is not None and len(ops.attention_isas()) > 1
+    return tuple(a for a in ALL_ARMS if wide or a != "fused, AVX2 attention")
 
 
 def profile_steps(engine, steps: int) -> tuple[float, dict[str, float]]:
@@ -41,7 +52,8 @@ def profile_steps(engine, steps: int) -> tuple[float, dict[str, float]]:
     return wall, ops
 
 
-def run(lanes: int, steps: int, threads: int, prompt: int = 512, passes: int = 2) -> dict:
+def run(lanes: int, steps: int, threads: int, prompt: int = 512, passes: int = 2,
+        arms: tuple[str, ...] = ALL_ARMS) -> dict:
     import torch
 
     from strata.config import EngineConfig
@@ -57,15 +69,19 @@ def run(lanes: int, steps: int, threads: int, prompt: int = 512, passes: int = 2
         engine.submit(prompt_ids(engine.tokenizer, prompt, 20 + i), params)
     for _ in range(lanes + min(16, steps)):  # prompts read, a few warm decode steps
         engine.step()
-    ops = engine._model.ops
-    runner = engine._runner
+    model = engine._model
+    ops = model.ops
     out = {}
-    for arm in ARMS * passes:
-        engine._model.ops = None if arm == "torch" else ops
+    for arm in arms * passes:
+        model.ops = None if arm == "torch" else ops
         if arm == "fused, SDPA reads":  # the fused ops, but decode attention through torch's SDPA reads
-            runner._decode_kernel = lambda: None
+            model.decode_attention_kernel = lambda kv_dtype: None
+        if arm == "fused, AVX2 attention":
+            ops.set_attention_isa("avx2")
         wall, by_op = profile_steps(engine, steps)
-        runner.__dict__.pop("_decode_kernel", None)
+        model.__dict__.pop("decode_attention_kernel", None)
+        if ops is not None:
+            ops.set_attention_isa("auto")
         prev = out.get(arm)
         if prev is None or wall < prev["ms_per_step"]:  # the quieter of two rounds
             out[arm] = {"ms_per_step": wall, "ops": by_op}
@@ -83,35 +99,44 @@ def main() -> None:
     args.prompt, args.passes = 512, 2
     if args.quick:
         args.lanes, args.steps, args.prompt, args.passes = [1], 2, 32, 1
+    from strata.models.fused import kernel_paths, load_decode_ops
+
+    arms = arms_here()
+    paths = kernel_paths(load_decode_ops(enabled=True))
     results = {}
     for lanes in args.lanes:
-        res = results[lanes] = run(lanes, args.steps, args.threads, args.prompt, args.passes)
-        top = sorted({op for arm in ARMS for op in sorted(res[arm]["ops"], key=res[arm]["ops"].get)[-TOP:]},
-                     key=lambda k: -max(res[arm]["ops"].get(k, 0) for arm in ARMS))
-        rows = [[op] + [res[arm]["ops"].get(op, 0.0) for arm in ARMS] for op in top]
-        rows.append(["step (wall)"] + [res[arm]["ms_per_step"] for arm in ARMS])
-        rows.append(["tok/s"] + [lanes * 1e3 / res[arm]["ms_per_step"] for arm in ARMS])
-        print_table(f"decode step, {lanes} lane(s) at ~{args.prompt + 48} cells, bf16, {args.threads} threads: self CPU ms per "
+        res = results[lanes] = run(lanes, args.steps, args.threads, args.prompt, args.passes, arms)
+        top = sorted({op for arm in arms for op in sorted(res[arm]["ops"], key=res[arm]["ops"].get)[-TOP:]},
+                     key=lambda k: -max(res[arm]["ops"].get(k, 0) for arm in arms))
+        rows = [[op] + [res[arm]["ops"].get(op, 0.0) for arm in arms] for op in top]
+        rows.append(["step (wall)"] + [res[arm]["ms_per_step"] for arm in arms])
+        rows.append(["tok/s"] + [lanes * 1e3 / res[arm]["ms_per_step"] for arm in arms])
+        wide = (f"; AVX2 attention / {paths['attention']} = "
+                f"{res['fused, AVX2 attention']['ms_per_step'] / res['fused']['ms_per_step']:.2f}x"
+                if "fused, AVX2 attention" in res else "")
+        print_table(f"decode step, {lanes} lane(s) at ~{args.prompt + 48} cells, bf16, {args.threads} threads, "
+                    f"{cpu_name()} (kernels: {paths}): self CPU ms per "
                     f"step (fused / torch = {res['torch']['ms_per_step'] / res['fused']['ms_per_step']:.2f}x faster; "
                     f"fused attention / SDPA reads = "
-                    f"{res['fused, SDPA reads']['ms_per_step'] / res['fused']['ms_per_step']:.2f}x)",
-                    ["op", *ARMS], rows)
-    path = write_json("step_profile.json", {"args": vars(args), "results": results}, args.out)
+                    f"{res['fused, SDPA reads']['ms_per_step'] / res['fused']['ms_per_step']:.2f}x{wide})",
+                    ["op", *arms], rows)
+    path = write_json("step_profile.json", {"args": vars(args), "cpu": cpu_name(), "kernels": paths,
+                                            "results": results}, args.out)
     plot(results, os.path.join(args.out, "step_profile.png"))
     print(f"raw numbers: {path}")
 
 
 def plot(results: dict, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    if plt is None:
+        return
 
     fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4.5), squeeze=False)
     for ax, (lanes, res) in zip(axes[0], results.items()):
         ops = sorted({op for arm in res.values() for op in arm["ops"]},
                      key=lambda op: -max(arm["ops"].get(op, 0) for arm in res.values()))[:TOP]
-        for x, arm in enumerate(reversed(ARMS)):
+        arms = [a for a in ALL_ARMS if a in res]
+        for x, arm in enumerate(reversed(arms)):
             bottom = 0.0
             for i, op in enumerate(ops):
                 h = res[arm]["ops"].get(op, 0.0)
@@ -119,7 +144,7 @@ def plot(results: dict, path: str) -> None:
                 bottom += h
             ax.bar(x, max(0.0, res[arm]["ms_per_step"] - bottom), bottom=bottom, color="lightgrey",
                    label="everything else" if x == 0 else None)
-        ax.set_xticks(range(len(ARMS)), list(reversed(ARMS)), fontsize=8)
+        ax.set_xticks(range(len(arms)), list(reversed(arms)), fontsize=8)
         ax.set_ylabel("ms per decode step")
         ax.set_title(f"{lanes} lane(s)")
         ax.legend(fontsize=7)

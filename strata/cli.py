@@ -78,6 +78,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         "completion_tokens": len(got.token_ids), "ttft_ms": round(t.prompt_ms, 2),
         "prefill_tok_s": round(t.prompt_per_second, 2), "decode_tok_s": round(t.predicted_per_second, 2),
         "kv_bytes_held": snap.kv_bytes_held, "load_s": round(load_s, 3), "timings": t.as_dict(),
+        "kernels": dict(engine.info.kernels),
     }
     spec = None
     if snap.spec is not None:

@@ -24,6 +24,8 @@ WEIGHT_FORMATS = ("auto", "dense", "native")
 SPEC_MODES = ("ngram", "draft", "off")
 QUANT_ISA_ENV = "STRATA_QUANT_ISA"
 QUANT_ISAS = ("auto", "avx2", "avx512_vnni")  # the quantized kernels' variants (strata/csrc/quant_*.cpp)
+ATTENTION_ISA_ENV = "STRATA_ATTENTION_ISA"
+ATTENTION_ISAS = ("auto", "avx2", "avx512")  # the fused decode attention's variants (strata/csrc/attention_*.cpp)
 DEFAULT_SPEC_K = 3  # 4 rows a verify step: the int8 LM head's path (models/head.py); measured in benchmarks/spec.py
 
 
@@ -146,6 +148,18 @@ def quant_isa_from_env(environ: Mapping[str, str] | None = None) -> str:
     value = environ.get(QUANT_ISA_ENV, "").strip().lower() or "auto"
     if value not in QUANT_ISAS:
         raise ConfigError(f"${QUANT_ISA_ENV} must be one of {', '.join(QUANT_ISAS)}, got {environ[QUANT_ISA_ENV]!r}")
+    return value
+
+
+def attention_isa_from_env(environ: Mapping[str, str] | None = None) -> str:
+    """`$STRATA_ATTENTION_ISA`: the instruction set the fused decode attention runs. Unset,
+    empty or `auto`: the best this CPU has (AVX-512, else AVX2); `avx2` forces the AVX2 path;
+    anything else is an error."""
+    environ = os.environ if environ is None else environ
+    value = environ.get(ATTENTION_ISA_ENV, "").strip().lower() or "auto"
+    if value not in ATTENTION_ISAS:
+        raise ConfigError(f"${ATTENTION_ISA_ENV} must be one of {', '.join(ATTENTION_ISAS)}, "
+                          f"got {environ[ATTENTION_ISA_ENV]!r}")
     return value
 
 

@@ -42,10 +42,19 @@ class LaneWork:
     # prompt + the most new tokens its request may take (sizes a ring; 0: unknown); a hint, not identity
     target_cells: int = field(default=0, compare=False)
     drafts: LaneDrafts | None = None  # a decoding lane's drafts (--spec); None: it does not draft
+    # token_ids are prompt tokens (a prefill piece, of any length): the runner computes them on the
+    # prompt path (dense projections and head, prefill attention) whether or not a prefix was
+    # cached; else they are a decoding lane's (its pending token, drafts, a draft model's feed)
+    prompt: bool = False
 
     @property
     def num_cells(self) -> int:
         return self.start + len(self.token_ids)
+
+    @property
+    def reads_as_decode(self) -> bool:
+        """Attention reads this lane as a decode row (one decoding token), not a piece."""
+        return not self.prompt and len(self.token_ids) == 1
 
     @property
     def num_drafts(self) -> int:

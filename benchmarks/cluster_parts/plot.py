@@ -3,12 +3,13 @@ round robin, and its cache hit ratio."""
 
 from __future__ import annotations
 
+from benchmarks.common import pyplot
+
 
 def plot(summaries: dict[str, dict[str, dict]], title: str, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    if plt is None:
+        return
 
     workloads = list(summaries)
     arms = list(dict.fromkeys(a for s in summaries.values() for a in s))

@@ -10,14 +10,15 @@ import json
 import os
 import sys
 
+from benchmarks.common import pyplot
+
 SPEEDS = [("prefill_tok_s", "prefill"), ("decode_tok_s", "decode, 1 lane"), ("decode8_tok_s", "decode, 8 lanes")]
 
 
 def plot(median: dict[str, dict[str, float]], labels: dict[str, str], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    if plt is None:
+        return
 
     # The peer the ratios are to: llama.cpp where it ran, else transformers; a --quick run has
     # neither (strata's arms only) and shows its arms relative to its first.

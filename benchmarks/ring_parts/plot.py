@@ -3,6 +3,8 @@ and the page sweep at the deep tier (when it ran)."""
 
 from __future__ import annotations
 
+from benchmarks.common import pyplot
+
 MIB = 1 << 20
 
 
@@ -18,10 +20,9 @@ def _bars(ax, groups: list[str], series: dict[str, list[float]], ylabel: str, ti
 
 
 def plot(tiers: dict[str, dict], cells: dict[str, int], pages: dict | None, title: str, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    if plt is None:
+        return
 
     panels = 3 if pages else 2
     fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4.5))

@@ -3,12 +3,13 @@ number of concurrent clients, one line per arm and percentile."""
 
 from __future__ import annotations
 
+from benchmarks.common import pyplot
+
 
 def plot(summary: dict, arms: list[str], levels: list[int], path: str, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    if plt is None:
+        return
 
     panels = [
         ("TTFT (s)", [("ttft_p50_s", "p50"), ("ttft_p90_s", "p90"), ("ttft_p99_s", "p99")]),

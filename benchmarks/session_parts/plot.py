@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from benchmarks.common import pyplot
+
 
 def plot(summary: dict, lengths: list[int], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    if plt is None:
+        return
 
     fig, (ax_t, ax_r) = plt.subplots(1, 2, figsize=(12, 4.5))
     for arm, label in [("save", "save"), ("restore_cold", "restore (cold cache)"),

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from benchmarks.common import pyplot
+
 
 def plot(samples: list[dict], duration_s: float, path: str, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    if plt is None:
+        return
 
     t = [s["t"] for s in samples]
     fig, (ax_rss, ax_load) = plt.subplots(2, 1, figsize=(11, 7), sharex=True)

@@ -3,12 +3,13 @@ targets), acceptance, and the verify step's cost against k (DRAFT_COST's slope).
 
 from __future__ import annotations
 
+from benchmarks.common import pyplot
+
 
 def plot(cells: list[dict], costs: list[dict], title: str, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    if plt is None:
+        return
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     labels = [f"{c['workload']}\n{c['lanes']} lane(s)" for c in cells]

@@ -11,29 +11,32 @@
 // Work is split into tasks (row, kv head, block of BLOCK consecutive positions); each task
 // writes its block's (max, sum of exp, sum of exp * V) for the group's query heads, and a
 // second pass merges a row's blocks by their maxima (flash-decoding). Every read of K/V is
-// in place: a lane's cells are never gathered, padded or masked. Accumulation is float32;
-// AVX2 + FMA (the module's build flags, vec.h), bfloat16 or float32 K/V.
+// in place: a lane's cells are never gathered, padded or masked. Accumulation is float32,
+// bfloat16 or float32 K/V. The block work runs the instruction set chosen at run time
+// (attention.h): AVX-512 where cpuid has it, else AVX2 + FMA (the module's build flags).
+//
+//   attention_isa() / attention_isas() / set_attention_isa(name): the variant that runs
+//       ("avx2", "avx512"), the ones this CPU has, and a choice among them ("auto": the best).
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
-#include "vec.h"
+#include "attention.h"
 
 #include <algorithm>
+#include <atomic>
+#include <string>
 #include <cmath>
 #include <vector>
 
 namespace strata {
 namespace {
 
-constexpr int64_t BLOCK = 128;  // positions per task (a multiple of 8)
-constexpr int64_t MAX_GROUP = 16;
-constexpr int64_t MAX_DIM = 256;
-
-struct Segment {
-  int64_t cell, count;  // flat cells cell .. cell + count - 1
-};
+using attn::BLOCK;
+using attn::MAX_DIM;
+using attn::MAX_GROUP;
+using attn::Segment;
 
 // The storage segments of positions [from, to) of a row whose spans are `spans[0 .. n)`.
 int cut(const int64_t* spans, int64_t n, int64_t from, int64_t to, Segment* out) {
@@ -48,107 +51,27 @@ int cut(const int64_t* spans, int64_t n, int64_t from, int64_t to, Segment* out)
   return m;
 }
 
-// out[g][0..dim) += sum_j p[g][j] v_j over the segments, for GC query heads at once.
-template <typename T, int GC>
-void accumulate_v(const float* p, int64_t p_stride, const T* v, int64_t cell_stride, const Segment* seg, int nseg,
-                  int64_t dim, float* out, int64_t out_stride) {
-  for (int64_t d = 0; d < dim; d += 16) {
-    __m256 acc[GC][2];
-    for (int g = 0; g < GC; ++g) acc[g][0] = acc[g][1] = _mm256_setzero_ps();
-    int64_t j = 0;
-    for (int s = 0; s < nseg; ++s) {
-      const T* row = v + seg[s].cell * cell_stride + d;
-      for (int64_t c = 0; c < seg[s].count; ++c, ++j, row += cell_stride) {
-        const __m256 v0 = load8(row), v1 = load8(row + 8);
-        for (int g = 0; g < GC; ++g) {
-          const __m256 w = _mm256_broadcast_ss(p + g * p_stride + j);
-          acc[g][0] = _mm256_fmadd_ps(w, v0, acc[g][0]);
-          acc[g][1] = _mm256_fmadd_ps(w, v1, acc[g][1]);
-        }
-      }
-    }
-    for (int g = 0; g < GC; ++g) {
-      _mm256_storeu_ps(out + g * out_stride + d, acc[g][0]);
-      _mm256_storeu_ps(out + g * out_stride + d + 8, acc[g][1]);
-    }
-  }
+bool cpu_has_avx512() {
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
 }
 
-// One task: query heads qf[group][dim] (float, scaled) over one block's segments. Writes
-// part[g] = (max, sum of exp, dim sums of exp * v).
-template <typename T>
-void attend_block(const float* qf, int64_t group, int64_t dim, const T* k, const T* v, int64_t cell_stride,
-                  const Segment* seg, int nseg, int64_t len, float* part) {
-  alignas(32) float scores[MAX_GROUP * BLOCK];
-  alignas(32) float kf[8 * MAX_DIM];  // 8 cells' keys in float32
-  const T* rows[8];
-  int64_t j = 0;
-  int s = 0;
-  int64_t c = 0;
-  while (j < len) {  // 8 cells at a time: 8 independent dot products per query head
-    int n = 0;
-    for (; n < 8 && j + n < len; ++n) {
-      if (c == seg[s].count) { ++s; c = 0; }
-      rows[n] = k + (seg[s].cell + c++) * cell_stride;
-    }
-    for (int i = 0; i < 8; ++i) {
-      float* dst = kf + i * dim;
-      if (i < n) {
-        for (int64_t d = 0; d < dim; d += 8) _mm256_store_ps(dst + d, load8(rows[i] + d));
-      } else {
-        for (int64_t d = 0; d < dim; d += 8) _mm256_store_ps(dst + d, _mm256_setzero_ps());
-      }
-    }
-    for (int64_t g = 0; g < group; ++g) {
-      const float* qg = qf + g * dim;
-      __m256 a[8];
-      for (int i = 0; i < 8; ++i) a[i] = _mm256_setzero_ps();
-      for (int64_t d = 0; d < dim; d += 8) {
-        const __m256 qv = _mm256_load_ps(qg + d);
-        for (int i = 0; i < 8; ++i) a[i] = _mm256_fmadd_ps(qv, _mm256_load_ps(kf + i * dim + d), a[i]);
-      }
-      // Transposed reduction: lane i of the result is the sum of a[i].
-      const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
-      const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
-      const __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
-      _mm256_store_ps(scores + g * BLOCK + j, sum);  // j is a multiple of 8 and BLOCK of 8
-    }
-    j += n;
-  }
-  // Scores past `len` in the last 8 (zero keys) are padding: -inf for the max, 0 after exp.
-  const int64_t padded = (len + 7) / 8 * 8;
-  for (int64_t g = 0; g < group; ++g)
-    for (int64_t i = len; i < padded; ++i) scores[g * BLOCK + i] = -INFINITY;
-  const int64_t stride = dim + 2;
-  for (int64_t g = 0; g < group; ++g) {
-    float* sg = scores + g * BLOCK;
-    __m256 mv = _mm256_set1_ps(-INFINITY);
-    for (int64_t i = 0; i < padded; i += 8) mv = _mm256_max_ps(mv, _mm256_load_ps(sg + i));
-    mv = _mm256_max_ps(mv, _mm256_permute2f128_ps(mv, mv, 1));
-    mv = _mm256_max_ps(mv, _mm256_shuffle_ps(mv, mv, 0x4e));
-    mv = _mm256_max_ps(mv, _mm256_shuffle_ps(mv, mv, 0xb1));  // every lane holds the maximum
-    __m256 sum = _mm256_setzero_ps();
-    for (int64_t i = 0; i < padded; i += 8) {
-      const __m256 x = _mm256_load_ps(sg + i);
-      // exp8 clamps -inf to e^-87: the padding is zeroed by the mask of real scores.
-      const __m256 e = _mm256_and_ps(exp8(_mm256_sub_ps(x, mv)), _mm256_cmp_ps(x, _mm256_set1_ps(-INFINITY), _CMP_NEQ_OQ));
-      _mm256_store_ps(sg + i, e);
-      sum = _mm256_add_ps(sum, e);
-    }
-    part[g * stride] = _mm256_cvtss_f32(mv);
-    part[g * stride + 1] = hsum8(sum);
-  }
-  for (int64_t g0 = 0; g0 < group; g0 += 4) {
-    const int64_t gc = std::min<int64_t>(4, group - g0);
-    const float* p = scores + g0 * BLOCK;
-    float* out = part + g0 * stride + 2;
-    switch (gc) {
-      case 1: accumulate_v<T, 1>(p, BLOCK, v, cell_stride, seg, nseg, dim, out, stride); break;
-      case 2: accumulate_v<T, 2>(p, BLOCK, v, cell_stride, seg, nseg, dim, out, stride); break;
-      case 3: accumulate_v<T, 3>(p, BLOCK, v, cell_stride, seg, nseg, dim, out, stride); break;
-      default: accumulate_v<T, 4>(p, BLOCK, v, cell_stride, seg, nseg, dim, out, stride); break;
-    }
-  }
+const attn::Kernels* best_kernels() { return cpu_has_avx512() ? &attn::avx512_kernels() : &attn::avx2_kernels(); }
+
+std::atomic<const attn::Kernels*>& chosen() {
+  static std::atomic<const attn::Kernels*> kernels{best_kernels()};
+  return kernels;
+}
+
+inline void attend_block(const attn::Kernels& kern, const float* qf, int64_t group, int64_t dim, const float* k,
+                         const float* v, int64_t cell_stride, const Segment* seg, int nseg, int64_t len, float* part) {
+  kern.f32(qf, group, dim, k, v, cell_stride, seg, nseg, len, part);
+}
+inline void attend_block(const attn::Kernels& kern, const float* qf, int64_t group, int64_t dim,
+                         const c10::BFloat16* k, const c10::BFloat16* v, int64_t cell_stride, const Segment* seg,
+                         int nseg, int64_t len, float* part) {
+  kern.bf16(qf, group, dim, reinterpret_cast<const uint16_t*>(k), reinterpret_cast<const uint16_t*>(v), cell_stride,
+            seg, nseg, len, part);
 }
 
 template <typename scalar_t>
@@ -157,6 +80,7 @@ void run(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tens
          const std::vector<int64_t>& length, const std::vector<int64_t>& blocks,
          const std::vector<int64_t>& task_first, std::vector<float>& parts, torch::Tensor& out) {
   const int64_t tasks = task_first[rows], stride = dim + 2;
+  const attn::Kernels& kern = *chosen().load();
     const scalar_t* qp = q.data_ptr<scalar_t>();
     const scalar_t* kp = k_cache.data_ptr<scalar_t>();
     const scalar_t* vp = v_cache.data_ptr<scalar_t>();
@@ -174,7 +98,7 @@ void run(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tens
           const scalar_t* qh = qp + r * q.stride(0) + (h * group + g) * q.stride(1);
           for (int64_t d = 0; d < dim; ++d) qf[g * dim + d] = static_cast<float>(qh[d]) * static_cast<float>(scale);
         }
-        attend_block(qf, group, dim, kp + h * head_stride, vp + h * head_stride, cell_stride, seg, nseg, to - from,
+        attend_block(kern, qf, group, dim, kp + h * head_stride, vp + h * head_stride, cell_stride, seg, nseg, to - from,
                      parts.data() + t * group * stride);
       }
     });
@@ -240,6 +164,24 @@ torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Te
     run<scalar_t>(q, k_cache, v_cache, sp, rs, scale, rows, heads, dim, kv_heads, group, length, blocks, task_first, parts, out);
   }));
   return out;
+}
+
+std::string attention_isa() { return chosen().load()->name; }
+
+std::vector<std::string> attention_isas() {
+  std::vector<std::string> names{attn::avx2_kernels().name};
+  if (cpu_has_avx512()) names.push_back(attn::avx512_kernels().name);
+  return names;
+}
+
+void set_attention_isa(const std::string& name) {
+  if (name == "auto") return chosen().store(best_kernels());
+  if (name == attn::avx2_kernels().name) return chosen().store(&attn::avx2_kernels());
+  if (name == attn::avx512_kernels().name) {
+    TORCH_CHECK(cpu_has_avx512(), "set_attention_isa: this CPU has no AVX-512 (F, BW, VL, DQ)");
+    return chosen().store(&attn::avx512_kernels());
+  }
+  TORCH_CHECK(false, "set_attention_isa: unknown instruction set '", name, "' (auto, avx2, avx512)");
 }
 
 }  // namespace strata

@@ -10,6 +10,7 @@
 //       [kv_heads, cells, dim], returns q [tokens, heads, dim]
 //   silu_mul(gate_up)                      gate_up [rows, 2 n] -> silu(gate) * up [rows, n]
 //   decode_attention(q, k_cache, v_cache, spans, row_spans, scale)    (decode_attention.cpp)
+//   attention_isa, attention_isas, set_attention_isa: its instruction set (AVX-512 or AVX2)
 //   QuantLinear, quant_matmul, quant_dequant_rows, quant_isa, quant_isas, set_quant_isa:
 //       quantized GGUF weights read in place (quant_ops.cpp)
 // Tensors are bfloat16 or float32 and contiguous in their last dim (checked in Python).
@@ -29,6 +30,9 @@
 namespace strata {
 torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor spans,
                                torch::Tensor row_spans, double scale);
+std::string attention_isa();
+std::vector<std::string> attention_isas();
+void set_attention_isa(const std::string& name);
 }  // namespace strata
 
 namespace {
@@ -163,6 +167,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope_write", &rope_write);
   m.def("silu_mul", &silu_mul);
   m.def("decode_attention", &strata::decode_attention);
+  m.def("attention_isa", &strata::attention_isa);
+  m.def("attention_isas", &strata::attention_isas);
+  m.def("set_attention_isa", &strata::set_attention_isa);
   pybind11::class_<strata::QuantLinear>(m, "QuantLinear")
       .def(pybind11::init<std::vector<torch::Tensor>, std::vector<int64_t>>())
       .def("__call__", &strata::QuantLinear::forward)

@@ -140,7 +140,7 @@ class DraftPlanner(ABC):
         by_id = {o.request_id: o for o in outcomes}
         for w in work:
             seq = seqs.get(w.request_id)
-            if seq is None or seq.spec is None or not (w.drafts is not None or len(w.token_ids) == 1):
+            if seq is None or seq.spec is None or w.prompt:
                 continue  # not a decode step (a prompt piece)
             o = by_id.get(w.request_id)
             drafted, accepted = (o.num_drafted, o.num_accepted) if o is not None else (0, 0)

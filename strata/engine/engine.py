@@ -40,6 +40,7 @@ from strata.errors import ContextLengthExceeded, PoolFullError, RequestError, St
 from strata.kv.table import chunks_for
 from strata.loader import ModelSource
 from strata.logit_controls import LogitControls
+from strata.models.fused import kernel_paths
 from strata.sampler import make_generator
 from strata.sampling import SamplingParams
 from strata.step import Admission, StepOutput, StepPlan
@@ -66,7 +67,8 @@ class Engine:
         self.max_context = parts.max_context
         self.info = EngineInfo(parts.tokenizer, cfg.name, parts.max_context, cfg.vocab_size, parts.fingerprint,
                                config.num_lanes, parts.layout.chunk_size, parts.kv.bytes_per_cell,
-                               parts.layout.name, parts.loaded_from_cache)
+                               parts.layout.name, parts.loaded_from_cache,
+                               kernel_paths(parts.model.ops, getattr(parts.model, "weight_forms", None)))
         self._sessions = SessionFiles(parts.scheduler, parts.kv, parts.fingerprint, cfg.vocab_size, self.retry_after)
         self._stop_token_ids = frozenset(cfg.eos_token_ids) | frozenset(self.tokenizer.eos_token_ids)
         self._requests: dict[str, RequestState] = {}

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from strata.loader.tokenizer import Tokenizer
 
@@ -19,3 +20,5 @@ class EngineInfo:
     bytes_per_cell: int  # K and V of one position across all layers
     layout: str  # "pooled" | "reserved"
     loaded_from_cache: bool  # the prepared-model cache had this build
+    # the instruction sets the kernels run and the forms the projections read (models/fused.py kernel_paths)
+    kernels: Mapping[str, object] = field(default_factory=dict)

@@ -47,7 +47,7 @@ def build_work(seqs: Iterable[Sequence], prefill_chunk: int, prefill_alone: int 
         else:
             continue
         work.append(LaneWork(seq.lane, seq.request_id, tokens, start, tuple(conv.table.chunk_ids), do_sample,
-                             seq.target_cells, lane_drafts))
+                             seq.target_cells, lane_drafts, prompt=seq.is_prefilling))
     return tuple(work)
 
 

@@ -25,6 +25,7 @@ from strata.models.layers import RMSNorm, Rotary, apply_rotary, rope_inv_freq
 from strata.models.linear import fused_linear
 from strata.models.llama import LayerCells, LlamaModel, layer_name
 from strata.models.quant import QuantWeight
+from strata.models.rows import RowKinds
 
 
 def gemma_norm(weight: torch.Tensor, eps: float) -> RMSNorm:
@@ -76,17 +77,19 @@ class Gemma3Layer:
         v_cache,
         meta: AttentionMeta,  # the addressing of this layer's window
         ops=None,  # the fused decode ops (norms only), or None
+        kinds: RowKinds | None = None,  # which rows are decode rows (models/rows.py); None: all
     ) -> torch.Tensor:
         cfg = self.cfg
         t = x.shape[0]
-        q, k, v = self.qkv(self.input_norm(x, ops)).split((self.q_size, self.kv_size, self.kv_size), dim=-1)
+        q, k, v = self.qkv(self.input_norm(x, ops), kinds).split((self.q_size, self.kv_size, self.kv_size), dim=-1)
         q = apply_rotary(self.q_norm(q.reshape(t, cfg.num_heads, cfg.head_dim)), cos, sin)
         k = apply_rotary(self.k_norm(k.reshape(t, cfg.num_kv_heads, cfg.head_dim)), cos, sin)
         if self.q_scale is not None:
             q = q * self.q_scale
         a = attend(q, k, v.reshape(t, cfg.num_kv_heads, cfg.head_dim), k_cache, v_cache, meta)
-        x = x + self.post_attn_norm(self.o(a), ops)
-        h = self.post_ffn_norm(self.down(gelu_mul(self.gate_up(self.pre_ffn_norm(x, ops)))), ops)
+        x = x + self.post_attn_norm(self.o(a, kinds), ops)
+        h = self.post_ffn_norm(self.down(gelu_mul(self.gate_up(self.pre_ffn_norm(x, ops), kinds)), kinds),
+                               ops)
         return x + h
 
 
@@ -121,8 +124,10 @@ class Gemma3Model(LlamaModel):
         metas: Mapping[torch.device, Mapping[int | None, AttentionMeta]],  # per device, per window
         kv: LayerCells,
         logits_rows: torch.Tensor,  # [rows] on the last device
+        kinds: RowKinds | None = None,  # which rows are decode rows (None: all of them)
     ) -> torch.Tensor:
         """Float32 logits [rows, vocab] (as LlamaModel.forward)."""
+        kinds = kinds or RowKinds.all_decode(input_ids.numel(), logits_rows.numel())
         x = self.embedding(input_ids) * self.embed_scale.to(self.layer_devices[0])
         tables = {d: self.rotary[d].tables(positions[d]) for d in self.devices}
         local = {d: self.local_rotary[d].tables(positions[d]) for d in self.devices}
@@ -132,6 +137,6 @@ class Gemma3Model(LlamaModel):
                 x = x.to(dev, non_blocking=True)
             window = self.cfg.window(i)
             cos, sin = (tables if window is None else local)[dev]
-            x = layer(x, cos, sin, *kv.layer_caches(i), metas[dev][window], self.ops)
+            x = layer(x, cos, sin, *kv.layer_caches(i), metas[dev][window], self.ops, kinds)
         x = self.norm(x.index_select(0, logits_rows), self.ops)
-        return self.lm_head(x).float()
+        return self.lm_head(x, kinds).float()

@@ -4,9 +4,10 @@ At one to a few rows a decode step's head is a matrix-vector product bound by th
 of the weight ([vocab, hidden], 56.6 MB in bf16 for the default model: about a quarter of
 its step). `Int8Head` keeps a per-row symmetric int8 copy (w ~= q * scale, q in
 [-127, 127], scale = max|w_row| / 127) and reads it for steps of at most `max_rows` rows,
-where torch's int8 CPU kernel is faster; longer steps (prompt pieces, many lanes) read the
-dense weight, so prefill logits are unchanged. Quality is measured, not assumed:
-`benchmarks/head_quality.py` reports top-1 agreement with the dense head.
+where torch's int8 CPU kernel is faster; prompt rows (a prefill piece, whether or not its
+prefix was cached) and longer steps read the dense weight, so prefill logits are unchanged.
+Quality is measured, not assumed: `benchmarks/head_quality.py` reports top-1 agreement with
+the dense head.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 
 from strata.models.fused import load_quant_ops
 from strata.models.quant import QuantMatmul, QuantWeight
+from strata.models.rows import RowKinds, dense_rows
 
 # Steps of at most this many rows read the int8 copy. torch 2.13 on a 2-thread Sapphire
 # Rapids, default model's head: 1 row 1.3 ms vs 3.1 ms bf16; 4 rows 2.3 vs 3.3; 8 rows
@@ -54,16 +56,32 @@ class Int8Rows:
 
 
 class DenseHead:
+    max_rows: int | None = None  # decode rows up to which a subclass reads its small form
+
     def __init__(self, weight: torch.Tensor):
         self.weight = weight  # [vocab, hidden] in the compute dtype (the embedding when tied)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """x [rows, hidden] -> [rows, vocab] in the compute dtype."""
+    def __call__(self, x: torch.Tensor, kinds: RowKinds | None = None) -> torch.Tensor:
+        """x [rows, hidden] -> [rows, vocab] in the compute dtype; `kinds`: which rows are decode
+        rows' (None: all of them). A subclass reads its small form for the decode rows when
+        there are at most `max_rows` of them; prompt rows always read the dense weight."""
+        if self.weight is None:
+            return self.small(x)
+        d = x.shape[0] if kinds is None else kinds.decode_logits
+        alone = range(d, x.shape[0]) if kinds is not None and kinds.alone_logits else ()
+        if self.max_rows is None or d == 0 or d > self.max_rows:
+            return dense_rows(x, self.weight, None, 0, alone)
+        if d == x.shape[0]:
+            return self.small(x)
+        return torch.cat([self.small(x[:d]), dense_rows(x, self.weight, None, d, alone)])
+
+    def small(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight)
 
 
 class Int8Head(DenseHead):
-    """The dense weight for long steps, its int8 copy for steps of <= `max_rows` rows (CPU only)."""
+    """The dense weight for prompt rows and long steps, its int8 copy for steps of <= `max_rows`
+    decode rows (CPU only)."""
 
     def __init__(self, weight: torch.Tensor, max_rows: int = INT8_HEAD_MAX_ROWS):
         super().__init__(weight)
@@ -71,25 +89,21 @@ class Int8Head(DenseHead):
         self.int8 = Int8Rows.quantize(weight)
         self.max_rows = max_rows
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] <= self.max_rows:
-            return torch._weight_int8pack_mm(x, self.int8.codes, self.int8.scale)
-        return F.linear(x, self.weight)
+    def small(self, x: torch.Tensor) -> torch.Tensor:
+        return torch._weight_int8pack_mm(x, self.int8.codes, self.int8.scale)
 
 
 class QuantHead(DenseHead):
     """The file's quantized head (the embedding when tied) read in place (models/quant.py): at
-    every step without a dense weight (native), else at steps of at most `max_rows` rows."""
+    every step without a dense weight (native), else for steps of at most `max_rows` decode rows."""
 
     def __init__(self, quant: QuantMatmul, weight: torch.Tensor | None, max_rows: int | None = None):
         super().__init__(weight)
         self.quant = quant
         self.max_rows = max_rows
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.weight is None or (self.max_rows is not None and x.shape[0] <= self.max_rows):
-            return self.quant(x)
-        return F.linear(x, self.weight)
+    def small(self, x: torch.Tensor) -> torch.Tensor:
+        return self.quant(x)
 
 
 def make_head(weight: torch.Tensor | None, quant: QuantWeight | None, weight_mode: str, dtype: torch.dtype,

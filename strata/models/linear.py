@@ -4,15 +4,15 @@ Which form a projection reads (`fused_linear`), as measured by benchmarks/quant_
 (one decoder layer of the default model, 1 thread, a Sapphire Rapids guest with AMX):
 
 - `--weights native`: the file's blocks (models/quant.py) at every step, any dtype;
-- `--weights auto`, bfloat16: decode steps of at most `quant_max_rows()` rows read Q4_0 and
-  Q4_1 through torch's int4 kernel (q4.py; 1 row 0.29 ms against 0.40 ms for strata's
-  kernel) and every other type through strata's kernel (Q8_0 0.31 ms; on a 1024-wide layer
-  Q4_K 0.61 ms against 0.79 ms for its int4 form); longer steps read the dense copy, whose
-  bfloat16 GEMM runs on AMX tiles and is flat in rows (0.7-0.8 ms: faster than any 4-bit
-  path from about 6 rows on);
-- `--weights auto`, float32: steps of up to 8 rows read the blocks in place against float32
+- `--weights auto`, bfloat16: a step's decode rows, when it has at most `quant_max_rows()` of
+  them, read Q4_0 and Q4_1 through torch's int4 kernel (q4.py; 1 row 0.29 ms against 0.40 ms
+  for strata's kernel) and every other type through strata's kernel (Q8_0 0.31 ms; on a
+  1024-wide layer Q4_K 0.61 ms against 0.79 ms for its int4 form); prompt rows (in any step:
+  models/rows.py) and more decode rows read the dense copy, whose bfloat16 GEMM runs on AMX
+  tiles and is flat in rows (0.7-0.8 ms: faster than any 4-bit path from about 6 rows on);
+- `--weights auto`, float32: up to 8 decode rows read the blocks in place against float32
   activations, exact values (1 row 0.93 ms against 0.70 ms dense float32, 8 rows 1.9 against
-  1.8, but 4 rows 1.2 against 1.2; torch's int4 kernel takes 9 ms), longer ones dense;
+  1.8, but 4 rows 1.2 against 1.2; torch's int4 kernel takes 9 ms), prompt rows and more dense;
 - `--weights dense`, or a layer on an accelerator: dense.
 """
 
@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from strata.models.fused import load_quant_ops
 from strata.models.q4 import GROUP, Q4_TYPES, Q4Weight, pack_for_cpu, q4_from_blocks
 from strata.models.quant import QuantMatmul, QuantWeight
+from strata.models.rows import RowKinds, dense_rows
 
 # Decode steps of up to this many rows read a 4-bit form beside the dense copy (auto); on CPUs
 # with AMX, bfloat16 dense GEMMs win from fewer rows (see the module docstring).
@@ -48,7 +49,8 @@ class Linear:
 
     `weight`: dense [out, in] in the compute dtype, or None; `quant`: the file's blocks read in
     place; `int4`: (packed codes, scales_and_zeros) for torch's int4 kernel. With a dense weight
-    beside a 4-bit form, steps of at most `max_rows` rows read the 4-bit form.
+    beside a 4-bit form, a step's decode rows read the 4-bit form when it has at most
+    `max_rows` of them; its prompt rows read the dense weight (`__call__`).
     """
 
     def __init__(self, weight: torch.Tensor | None, bias: torch.Tensor | None = None,
@@ -61,15 +63,28 @@ class Linear:
         self.int4 = int4
         self.max_rows = max_rows if weight is not None else None
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.weight is None or (self.max_rows is not None and x.shape[0] <= self.max_rows):
-            if self.int4 is not None:
-                y = torch._weight_int4pack_mm_for_cpu(x, self.int4[0], GROUP, self.int4[1])
-                return y if self.bias is None else y + self.bias
-            if self.quant is not None:
-                y = self.quant(x)
-                return y if self.bias is None else y + self.bias
-        return F.linear(x, self.weight, self.bias)
+    def __call__(self, x: torch.Tensor, kinds: RowKinds | None = None) -> torch.Tensor:
+        """x [rows, in] -> [rows, out]; `kinds`: which rows are decode rows (None: all of them).
+        With a dense weight beside a 4-bit form, the decode rows read the 4-bit form when there
+        are at most `max_rows` of them; prompt rows always read the dense weight (models/rows.py):
+        a row's path depends on its kind and the step's decode-row count, never on the prompt
+        rows beside it."""
+        if self.weight is None:
+            return self._four_bit(x)
+        d = x.shape[0] if kinds is None else kinds.decode
+        alone = () if kinds is None else kinds.alone
+        if self.max_rows is None or d == 0 or d > self.max_rows:
+            return dense_rows(x, self.weight, self.bias, 0, alone)
+        if d == x.shape[0]:
+            return self._four_bit(x)
+        return torch.cat([self._four_bit(x[:d]), dense_rows(x, self.weight, self.bias, d, alone)])
+
+    def _four_bit(self, x: torch.Tensor) -> torch.Tensor:
+        if self.int4 is not None:
+            y = torch._weight_int4pack_mm_for_cpu(x, self.int4[0], GROUP, self.int4[1])
+        else:
+            y = self.quant(x)
+        return y if self.bias is None else y + self.bias
 
     @property
     def num_bytes(self) -> int:
@@ -90,8 +105,8 @@ class Concat:
         self.max_rows = None  # native: every step reads the 4-bit runs
         self.quant = next((r.quant for r in runs if r.quant is not None), None)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.cat([r(x) for r in self.runs], dim=-1)
+    def __call__(self, x: torch.Tensor, kinds: RowKinds | None = None) -> torch.Tensor:
+        y = torch.cat([r(x, kinds) for r in self.runs], dim=-1)
         return y if self.bias is None else y + self.bias
 
     @property

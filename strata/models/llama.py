@@ -22,6 +22,7 @@ from strata.models.head import make_head
 from strata.models.layers import Embedding, RMSNorm, Rotary, apply_rotary, rope_inv_freq, silu_mul
 from strata.models.linear import fused_linear
 from strata.models.quant import QuantWeight
+from strata.models.rows import RowKinds
 
 
 if TYPE_CHECKING:
@@ -74,9 +75,10 @@ class DecoderLayer:
         v_cache: Cells,
         meta: AttentionMeta,
         ops=None,  # the fused decode ops (models/fused.py), or None: torch ops
+        kinds: RowKinds | None = None,  # which rows are decode rows (models/rows.py); None: all
     ) -> torch.Tensor:
         cfg = self.cfg
-        qkv = self.qkv(self.input_norm(x, ops))
+        qkv = self.qkv(self.input_norm(x, ops), kinds)
         q = None
         if ops is not None and self.q_norm is None and qkv.is_contiguous():
             # One pass: q and k rotated, k and v written to their cells (no qk norm; where the
@@ -87,8 +89,8 @@ class DecoderLayer:
             a = attend_written(q, k_cache, v_cache, meta)
         else:
             a = attend(*self._rotated(qkv, cos, sin), k_cache, v_cache, meta)
-        x, h = self.post_norm.add_and_norm(x, self.o(a), ops)
-        return x + self.down(silu_mul(self.gate_up(h), ops))  # gate_up [tokens, 2 intermediate]
+        x, h = self.post_norm.add_and_norm(x, self.o(a, kinds), ops)
+        return x + self.down(silu_mul(self.gate_up(h, kinds), ops), kinds)  # gate_up [tokens, 2 inter]
 
     def _rotated(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """q [t, heads, dim], k and v [t, kv_heads, dim] of the projection, q and k rotated."""
@@ -156,6 +158,20 @@ class LlamaModel:
         limits = [lin.max_rows for layer in self.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
         return None if any(m is None for m in limits) else min(limits)
 
+    @property
+    def weight_forms(self) -> dict[str, int]:
+        """How many projections read each form at decode rows: "int4" (torch's int4 kernel),
+        "quant" (strata's kernels, the file's blocks), "dense" (prompt rows always are)."""
+        forms: dict[str, int] = {}
+        for layer in self.layers:
+            for lin in (layer.qkv, layer.o, layer.gate_up, layer.down):
+                for run in getattr(lin, "runs", [lin]):
+                    form = "int4" if run.int4 is not None else "quant" if run.quant is not None else "dense"
+                    forms[form] = forms.get(form, 0) + 1
+        head = type(self.lm_head).__name__
+        forms["head"] = {"Int8Head": "int8", "QuantHead": "quant"}.get(head, "dense")
+        return forms
+
     def decode_attention_kernel(self, kv_dtype: torch.dtype) -> Callable | None:
         """The fused decode attention over spans (`DecodeSpans`) where it applies: the fused ops
         loaded (every layer on the CPU), K/V stored in the compute dtype (float32 or bfloat16),
@@ -179,10 +195,12 @@ class LlamaModel:
         metas: Mapping[torch.device, Mapping[int | None, AttentionMeta]],  # per device, per window
         kv: LayerCells,
         logits_rows: torch.Tensor,  # [rows] which token rows need logits (on the last device)
+        kinds: RowKinds | None = None,  # which rows are decode rows (None: all of them)
     ) -> torch.Tensor:
         """Returns float32 logits [rows, vocab]. `kv.layer_caches(i)` gives layer i's K and V:
         the pool's own tensors, or the ring's view of them for this step (cells/ring.py).
         Layer i reads through the addressing of its window (`cfg.window(i)`, None: full)."""
+        kinds = kinds or RowKinds.all_decode(input_ids.numel(), logits_rows.numel())
         x = self.embedding(input_ids)
         tables = {d: self.rotary[d].tables(positions[d]) for d in self.devices}
         for i, layer in enumerate(self.layers):
@@ -190,6 +208,6 @@ class LlamaModel:
             if x.device != dev:
                 x = x.to(dev, non_blocking=True)
             cos, sin = tables[dev]
-            x = layer(x, cos, sin, *kv.layer_caches(i), metas[dev][self.cfg.window(i)], self.ops)
+            x = layer(x, cos, sin, *kv.layer_caches(i), metas[dev][self.cfg.window(i)], self.ops, kinds)
         x = self.norm(x.index_select(0, logits_rows), self.ops)
-        return self.lm_head(x).float()
+        return self.lm_head(x, kinds).float()

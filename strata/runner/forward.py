@@ -12,6 +12,7 @@ import torch
 
 from strata.cells.storage import KVStorage
 from strata.models.llama import LlamaModel
+from strata.models.rows import RowKinds
 from strata.runner.inputs import StepInputs, build_inputs
 from strata.runner.reads import ChunkCells
 from strata.step import LaneWork
@@ -37,12 +38,16 @@ class LaneForward:
         and its addressing per window (the ring's step), else this storage read in place."""
         m = self.model
         metas = inputs.metas if metas is None else metas
+        kinds = inputs.kinds
+        if logits_rows is not inputs.logits_rows:  # other rows (all_logits): those of decode rows come first
+            kinds = RowKinds(kinds.decode, int((logits_rows < kinds.decode).sum()), kinds.alone)
         return m.forward(
             inputs.input_ids.to(m.layer_devices[0], non_blocking=True),
             {d: inputs.positions.to(d, non_blocking=True) for d in m.devices},
             {d: {window: meta.to(d) for window, meta in metas.items()} for d in m.devices},
             self.kv if kv is None else kv,
             logits_rows.to(m.layer_devices[-1], non_blocking=True),
+            kinds,
         )
 
     @torch.inference_mode()

@@ -9,6 +9,7 @@ import torch
 
 from strata.step import LaneWork
 from strata.models.attention import AttentionMeta
+from strata.models.rows import RowKinds
 from strata.models.cell_reads import (
     DecodeContiguous,
     DecodeGather,
@@ -26,7 +27,7 @@ from strata.runner.windows import window_metas
 
 @dataclass(frozen=True)
 class StepInputs:
-    work: tuple[LaneWork, ...]  # in row order: decoding lanes, then prefill pieces
+    work: tuple[LaneWork, ...]  # in row order: decode rows (one token), verify/feed rows, then prompt pieces
     input_ids: torch.Tensor  # [tokens]
     positions: torch.Tensor  # [tokens]
     meta: AttentionMeta  # the addressing of full-attention layers (and the write index of all)
@@ -34,6 +35,7 @@ class StepInputs:
     sample_work: tuple[LaneWork, ...]  # the lanes behind logits_rows, in order
     # window -> the addressing of layers with it; None -> `meta` (runner/windows.py)
     metas: dict[int | None, AttentionMeta]
+    kinds: RowKinds  # which token rows and logits rows are decoding lanes' (the rest: prompt pieces')
 
 
 VERIFY_MAX_ROWS = 8
@@ -119,12 +121,14 @@ def build_inputs(work: Sequence[LaneWork], cells: ChunkCells, decode_kernel: Cal
     then every decoding lane is read through it (`DecodeSpans`), else by the groups above.
     `windows`: the model's distinct sliding windows, each given its own addressing."""
     chunk_size = cells.chunk_size
-    decoding = [w for w in work if len(w.token_ids) == 1]
+    decoding = [w for w in work if w.reads_as_decode]
     if decode_kernel is not None and decoding:
         decode, decode_groups = decoding, _decode_spans(decoding, chunk_size, decode_kernel)
     else:
         decode, decode_groups = _decode_groups(sorted(decoding, key=lambda w: w.num_cells), cells)
-    prefill = [w for w in work if len(w.token_ids) > 1]
+    # Pieces, each attending alone: a decoding lane's several rows (verify, a draft model's feed)
+    # before the prompt pieces, so that every decode row precedes every prompt row (RowKinds).
+    prefill = [w for w in work if not w.reads_as_decode and not w.prompt] + [w for w in work if w.prompt]
     ordered = tuple(decode + prefill)
     ids: list[int] = []
     positions: list[int] = []
@@ -154,12 +158,17 @@ def build_inputs(work: Sequence[LaneWork], cells: ChunkCells, decode_kernel: Cal
         row += n
 
     sample_rows, sample_work = [], []
-    row = 0
+    alone: list[int] = []  # a prompt's last row, multiplied on its own (models/rows.py)
+    row = decode_rows = decode_logits = 0
     for w in ordered:
         row += len(w.token_ids)
         if w.do_sample:  # the last row; a lane verifying drafts: every row (pending token, drafts)
             sample_rows.extend(range(row - 1 - w.num_drafts, row))
             sample_work.append(w)
+            if w.prompt:
+                alone.append(row - 1)
+        if not w.prompt:
+            decode_rows, decode_logits = row, len(sample_rows)
     meta = AttentionMeta(torch.tensor(writes, dtype=torch.long), decode_groups, tuple(prefills))
     metas = window_metas(meta, ordered, windows, lambda w: chunk_runs(w.chunk_ids, w.num_cells, chunk_size),
                          decode_kernel)
@@ -171,4 +180,5 @@ def build_inputs(work: Sequence[LaneWork], cells: ChunkCells, decode_kernel: Cal
         torch.tensor(sample_rows, dtype=torch.long),
         tuple(sample_work),
         metas,
+        RowKinds(decode_rows, decode_logits, tuple(alone), alone_logits=True),
     )

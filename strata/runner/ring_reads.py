@@ -43,7 +43,7 @@ def ring_metas(work: Sequence[LaneWork], step: RingStep,
 
 
 def ring_meta(work: Sequence[LaneWork], step: RingStep) -> AttentionMeta:
-    """`work` in row order (decoding lanes first, then prefill pieces), as build_inputs orders
+    """`work` in row order (decode rows first, then pieces), as build_inputs orders
     it; the step's virtual write index already follows that order."""
     ring, where = step.ring, step.pages
     page = ring.page
@@ -52,7 +52,7 @@ def ring_meta(work: Sequence[LaneWork], step: RingStep) -> AttentionMeta:
     for w in work:
         runs = lane_runs(ring.lane_pages(w), w.num_cells, page, where)
         n = len(w.token_ids)
-        if n == 1:
+        if w.reads_as_decode:
             decode.append(DecodeContiguous(row, runs[0]) if len(runs) == 1 else DecodeRuns(row, runs))
         elif len(runs) == 1:
             prefills.append(PrefillContiguous(row, row + n, runs[0]))

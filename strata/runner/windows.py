@@ -56,13 +56,13 @@ def band_masks(runs: Sequence[slice], first: int, start: int, num_cells: int,
 def window_meta(full: AttentionMeta, work: Sequence[LaneWork], window: int, lane_runs: LaneRuns,
                 kernel: Callable | None = None) -> AttentionMeta:
     """The addressing of layers with `window`, beside `full` (the step's addressing for full
-    attention, whose rows and write index it keeps). `work` in row order: decoding lanes
-    (one token each) first, then prefill pieces. `kernel`: the fused decode attention, which
+    attention, whose rows and write index it keeps). `work` in row order: decode rows
+    (`LaneWork.reads_as_decode`) first, then pieces. `kernel`: the fused decode attention, which
     then reads every decode row (as `full` does). Where no row reaches past its window,
     `full` itself."""
     if all(w.num_cells <= window for w in work):
         return full
-    decoding = [w for w in work if len(w.token_ids) == 1]
+    decoding = [w for w in work if w.reads_as_decode]
     decode: list[DecodeRead] = []
     if kernel is not None and decoding:
         spans: list[tuple[int, int]] = []

@@ -3,9 +3,10 @@
 What `strata serve` runs by default: bfloat16 compute, `--weights auto` (the GGUF's Q4_1
 projections through torch's int4 kernel at steps of at most 4 rows (8 without AMX), their
 per-32 scales and zeros rounded to bfloat16; the LM head read as per-row int8 at steps of at
-most 4 rows). Every position here is computed by those kernels: prompts are read 4 tokens a
-step (`--prefill-chunk 4`), and each prompt's greedy
-continuation is decoded by the engine itself, then read back the same way. The references
+most 4 rows; prompt rows read the dense weights). Every position here is computed by those
+kernels: each prompt's greedy continuation is decoded by the engine itself, then prompt and
+continuation are read back 4 tokens a step (`--prefill-chunk 4`) as decode rows
+(`prompt_logits(..., as_decode=True)`, as a verify step reads its drafts). The references
 are transformers on the same GGUF file in float32 and in bfloat16, over the same tokens.
 
 Per reference: top-1 agreement over every position (prompt and continuation) and the mean
@@ -51,7 +52,7 @@ def projections(model):
 def engine(gguf_path) -> Engine:
     e = Engine(EngineConfig(model=gguf_path, dtype="bfloat16", weights="auto", max_context=512, prefill_chunk=4),
                progress=False)
-    model = e._model  # the path under test: every projection's int4 form at prompt pieces of 4 rows
+    model = e._model  # the path under test: every projection's int4 form at steps of 4 decode rows
     assert isinstance(model.lm_head, Int8Head) and model.lm_head.max_rows >= 4
     if FUSED_ONLY:  # a CPU without AVX2 serves the dense projections (no kernels read the blocks)
         assert all(proj.int4 is not None and proj.max_rows >= 4 for proj in projections(model))
@@ -70,7 +71,7 @@ def sequences(engine) -> list[tuple[list[int], list[int]]]:
         cont = [t for o in engine.stream(request_id) for t in o.new_token_ids]
         out.append((p, cont))
     engine._scheduler.clear_cache()
-    return out, [prompt_logits(engine, p + c) for p, c in out]
+    return out, [prompt_logits(engine, p + c, as_decode=True) for p, c in out]
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +139,7 @@ def test_a_broken_scale_or_head_falls_outside_the_bounds(engine, sequences, refe
     else:
         monkeypatch.setattr(model.lm_head, "int8", truncated(model.lm_head.weight))
     seqs, _ = sequences
-    ours = [prompt_logits(engine, p + c) for p, c in seqs]
+    ours = [prompt_logits(engine, p + c, as_decode=True) for p, c in seqs]
     top1, mean_abs = agreement(ours, references["float32"])
     print(f"{broken} broken: top-1 {top1:.4f}, mean |logit diff| {mean_abs:.4f} against float32")
     assert not within(top1, mean_abs, "float32")

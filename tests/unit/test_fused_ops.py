@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from strata.cells.dense import DenseCells
-from strata.config import FUSED_ENV, fused_enabled
+from strata.config import ATTENTION_ISA_ENV, FUSED_ENV, fused_enabled
+from strata.errors import ConfigError
 from strata.models.cell_reads import DecodeRuns, DecodeSpans
 from strata.models.fused import load_decode_ops
 from strata.models.layers import RMSNorm, Rotary, apply_rotary, silu_mul
@@ -158,3 +159,54 @@ def test_a_bad_environment_value_is_an_error(monkeypatch):
     monkeypatch.setenv(FUSED_ENV, "maybe")
     with pytest.raises(ValueError, match="STRATA_FUSED"):
         fused_enabled()
+
+
+@pytest.mark.parametrize("decode_path", FUSED_ONLY)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("group,dim", [(3, 64), (1, 16), (8, 128)])
+def test_every_attention_instruction_set_this_cpu_has_matches_the_reference(decode_path, decode_ops, dtype, group,
+                                                                            dim):
+    """Each variant of the kernel's block work (strata/csrc/attention_*.cpp: AVX2, and AVX-512
+    where cpuid has it), forced in turn, against the float64 reference; the variants agree."""
+    g = torch.Generator().manual_seed(group + dim)
+    kv_heads = 3
+    k = DenseCells(torch.randn(kv_heads, 4096, dim, generator=g).to(dtype))
+    v = DenseCells(torch.randn(kv_heads, 4096, dim, generator=g).to(dtype))
+    q = torch.randn(len(ROWS), kv_heads * group, dim, generator=g).to(dtype)
+    spans = torch.tensor([s for r in ROWS for s in r], dtype=torch.long)
+    row_spans = torch.tensor([0, *torch.tensor([len(r) for r in ROWS]).cumsum(0).tolist()], dtype=torch.long)
+    isas = decode_ops.attention_isas()
+    assert isas[0] == "avx2" and set(isas) <= {"avx2", "avx512"}
+    outs = {}
+    try:
+        for isa in isas:
+            decode_ops.set_attention_isa(isa)
+            assert decode_ops.attention_isa() == isa
+            outs[isa] = DecodeSpans(0, len(ROWS), spans, row_spans, decode_ops.decode_attention).attend(q, k, v)
+    finally:
+        decode_ops.set_attention_isa("auto")
+    for isa, got in outs.items():
+        for r, row in enumerate(ROWS):
+            idx = torch.cat([torch.arange(a, a + n) for a, n in row])
+            close(got[r], ref_attention(q[r], k.data[:, idx], v.data[:, idx]), dtype, 1e-5, 2e-2)
+    for got in outs.values():  # float32 accumulation both ways: only the summation order differs
+        close(got, outs["avx2"].double(), dtype, 1e-5, 1e-2)
+
+
+@pytest.mark.parametrize("decode_path", FUSED_ONLY)
+def test_the_environment_forces_the_attention_instruction_set(decode_path, decode_ops, monkeypatch):
+    has_avx512 = "avx512" in decode_ops.attention_isas()  # cpuid's answer, as the kernel reads it
+    try:
+        monkeypatch.setenv(ATTENTION_ISA_ENV, "avx2")
+        assert load_decode_ops(enabled=True).attention_isa() == "avx2"
+        monkeypatch.setenv(ATTENTION_ISA_ENV, "auto")
+        assert load_decode_ops(enabled=True).attention_isa() == ("avx512" if has_avx512 else "avx2")
+        monkeypatch.setenv(ATTENTION_ISA_ENV, "sse2")
+        with pytest.raises(ConfigError, match=ATTENTION_ISA_ENV):
+            load_decode_ops(enabled=True)
+        if not has_avx512:  # a variant this CPU lacks is refused by name
+            monkeypatch.setenv(ATTENTION_ISA_ENV, "avx512")
+            with pytest.raises(ConfigError, match="this CPU runs only avx2"):
+                load_decode_ops(enabled=True)
+    finally:
+        decode_ops.set_attention_isa("auto")

@@ -75,11 +75,11 @@ def test_prompts_take_the_larger_budget_only_while_no_lane_decodes():
     s.add("a", list(range(1, 11)))
     s.add("b", list(range(11, 22)))
     p = d.step()  # nothing decodes yet: 15 prompt tokens, a whole then the start of b
-    assert p.work == (LaneWork(0, "a", R(1, 11), 0, (0, 1, 2), True),
-                      LaneWork(1, "b", R(11, 16), 0, (8, 9, 10), False))
+    assert p.work == (LaneWork(0, "a", R(1, 11), 0, (0, 1, 2), True, prompt=True),
+                      LaneWork(1, "b", R(11, 16), 0, (8, 9, 10), False, prompt=True))
     p = d.step()  # a decodes now: back to pieces of 6, so its gap stays one small step
     assert p.work == (LaneWork(0, "a", (1000,), 10, (0, 1, 2), True),
-                      LaneWork(1, "b", R(16, 22), 5, (8, 9, 10), True))
+                      LaneWork(1, "b", R(16, 22), 5, (8, 9, 10), True, prompt=True))
     s.finish("a")
     s.finish("b")
     s.add("c", list(range(40, 60)))
@@ -106,13 +106,13 @@ def test_admission_order_and_prefill_pieces(kind):
     assert p.refused == () and p.truncated == () and p.copies == ()
     assert [x for x, *_ in s.waiting] == ["c"]  # no lane left: it waits
     # the oldest prefill takes the whole budget of 6 tokens; b gets nothing yet
-    assert p.work == (LaneWork(0, "a", (1, 2, 3, 4, 5, 6), 0, A, False),)
+    assert p.work == (LaneWork(0, "a", (1, 2, 3, 4, 5, 6), 0, A, False, prompt=True),)
 
     p = d.step()
     assert p.admitted == ()
     assert p.work == (
-        LaneWork(0, "a", (7, 8, 9, 10), 6, A, True),
-        LaneWork(1, "b", (11, 12), 0, B, False),  # the budget left over
+        LaneWork(0, "a", (7, 8, 9, 10), 6, A, True, prompt=True),
+        LaneWork(1, "b", (11, 12), 0, B, False, prompt=True),  # the budget left over
     )
     assert d.out == {"a": [1000]}
 
@@ -120,13 +120,13 @@ def test_admission_order_and_prefill_pieces(kind):
     # a decoding lane feeds one token and does not use the prefill budget
     assert p.work == (
         LaneWork(0, "a", (1000,), 10, A, True),
-        LaneWork(1, "b", (13, 14, 15, 16, 17, 18), 2, B, False),
+        LaneWork(1, "b", (13, 14, 15, 16, 17, 18), 2, B, False, prompt=True),
     )
 
     p = d.step(finish=["a"])
     assert p.work == (
         LaneWork(0, "a", (1001,), 11, A, True),
-        LaneWork(1, "b", (19, 20, 21), 8, B, True),
+        LaneWork(1, "b", (19, 20, 21), 8, B, True, prompt=True),
     )
     assert d.out == {"a": [1000, 1001, 1002], "b": [1003]}
 
@@ -136,7 +136,7 @@ def test_admission_order_and_prefill_pieces(kind):
     C = (5,) if kind == "pooled" else R(0, 8)  # pooled: the free runs 3..7 and 11..15 tie
     assert p.work == (
         LaneWork(1, "b", (1003,), 11, B, True),
-        LaneWork(0, "c", (31, 32), 0, C, True),
+        LaneWork(0, "c", (31, 32), 0, C, True, prompt=True),
     )
     stats = s.stats()
     if kind == "pooled":
@@ -177,7 +177,7 @@ def test_follow_up_extends_its_conversation_in_its_own_lane(kind):
     p = d.step()
     assert p.admitted == (Admission("a2", 0, 6),)  # its own lane, though lane 1 is the LRU one
     chunks = (0, 1, 2) if kind == "pooled" else R(0, 8)  # pooled: b's chunk is 4, a grows in place
-    assert p.work == (LaneWork(0, "a2", (1002, 50, 51), 6, chunks, True),)  # only the new tokens
+    assert p.work == (LaneWork(0, "a2", (1002, 50, 51), 6, chunks, True, prompt=True),)  # only the new tokens
     assert p.copies == ()
     assert s.lanes[0].conv is conv_a and conv_a.conv_id in {c.conv_id for c in s.cache}
     assert conv_a.checkpoints == [0, 6]
@@ -209,7 +209,7 @@ def test_branch_pooled_shares_full_chunks_and_copies_the_partial_one():
     # the copy's id follows chunk 0, whose next is held: past half the free run 3..7
     assert p.copies == (CellCopy(src_chunk=1, dst_chunk=5, start=0, num_cells=2),)
     # 8 cells fill [0, 5]; chunk 6 is the room for the token it decodes first
-    assert p.work == (LaneWork(1, "br", (90, 91), 6, (0, 5, 6), True),)
+    assert p.work == (LaneWork(1, "br", (90, 91), 6, (0, 5, 6), True, prompt=True),)
     assert refcounts(s) == [2, 1, 1, 0, 0, 1, 1, 0]
     assert s.counters.num_cells_copied == 2
     assert s.counters.num_cached_tokens == 6
@@ -226,7 +226,7 @@ def test_branch_pooled_shares_full_chunks_and_copies_the_partial_one():
     p = d.step()
     assert p.admitted == (Admission("a2", 0, 10),)
     assert p.copies == ()
-    assert p.work == (LaneWork(0, "a2", (1000, 7), 10, (0, 1, 2, 3), True),)  # 13 cells, one run
+    assert p.work == (LaneWork(0, "a2", (1000, 7), 10, (0, 1, 2, 3), True, prompt=True),)  # 13 cells, one run
 
 
 def test_branch_pooled_at_a_chunk_boundary_copies_nothing():
@@ -238,7 +238,7 @@ def test_branch_pooled_at_a_chunk_boundary_copies_nothing():
     p = d.step()
     assert p.admitted == (Admission("br", 1, 8),)
     assert p.copies == ()
-    assert p.work == (LaneWork(1, "br", (90,), 8, (0, 1, 5), True),)  # 2 is the original's
+    assert p.work == (LaneWork(1, "br", (90,), 8, (0, 1, 5), True, prompt=True),)  # 2 is the original's
     assert refcounts(s) == [2, 2, 1, 0, 0, 1, 0, 0]
 
 
@@ -252,7 +252,7 @@ def test_branch_pooled_without_an_empty_lane_parks_the_original():
     p = d.step(finish=["br"])
     assert p.admitted == (Admission("br", 0, 6, True),)
     assert p.copies == (CellCopy(1, 5, 0, 2),)
-    assert p.work == (LaneWork(0, "br", (90, 91), 6, (0, 5, 6), True),)
+    assert p.work == (LaneWork(0, "br", (90, 91), 6, (0, 5, 6), True, prompt=True),)
     assert orig.lane is None and orig.token_ids == first and orig.table.chunk_ids == [0, 1, 2]
     assert s.counters.num_evictions == 0
     assert s.stats().num_conversations_parked == 2  # the parked original and the finished branch
@@ -264,7 +264,7 @@ def test_branch_pooled_without_an_empty_lane_parks_the_original():
     assert p.admitted == (Admission("a2", 0, 10),)
     assert p.copies == ()
     assert s.lanes[0].conv is orig
-    assert p.work == (LaneWork(0, "a2", (1000, 7), 10, (0, 1, 2, 3), True),)
+    assert p.work == (LaneWork(0, "a2", (1000, 7), 10, (0, 1, 2, 3), True, prompt=True),)
     assert s.counters.num_moves_swap == 0 and s.counters.num_cells_copied == 2
 
 
@@ -277,7 +277,7 @@ def test_branch_reserved_copies_into_an_empty_lane():
     p = d.step()
     assert p.admitted == (Admission("br", 1, 6, True),)
     assert p.copies == (CellCopy(0, 4, 0, 4), CellCopy(1, 5, 0, 2))
-    assert p.work == (LaneWork(1, "br", (90, 91), 6, (4, 5, 6, 7), True),)
+    assert p.work == (LaneWork(1, "br", (90, 91), 6, (4, 5, 6, 7), True, prompt=True),)
     assert s.counters.num_cells_copied == 6
     assert s.lanes[0].conv is orig and orig.token_ids == first and orig.num_cells == 10
 
@@ -291,7 +291,7 @@ def test_branch_reserved_without_an_empty_lane_branches_in_place():
     p = d.step()
     assert p.admitted == (Admission("br", 0, 6),)
     assert p.copies == ()
-    assert p.work == (LaneWork(0, "br", (90, 91), 6, (0, 1, 2, 3), True),)
+    assert p.work == (LaneWork(0, "br", (90, 91), 6, (0, 1, 2, 3), True, prompt=True),)
     assert s.lanes[0].conv is orig  # cut back to the shared prefix, then extended
     assert orig.token_ids == first[:6] + [90, 91]
     assert len(s.cache) == 1 and s.counters.num_cells_copied == 0
@@ -309,7 +309,7 @@ def test_branch_from_a_running_conversation_forks_it():
     assert p.copies == (CellCopy(2, 5, 0, 2),)
     assert p.work == (
         LaneWork(0, "a", (1000,), 10, (0, 1, 2), True),
-        LaneWork(1, "br", (90,), 10, (0, 1, 5), True),
+        LaneWork(1, "br", (90,), 10, (0, 1, 5), True, prompt=True),
     )
     assert refcounts(s) == [2, 2, 1, 0, 0, 1, 0, 0]
 
@@ -404,7 +404,7 @@ def test_move_pooled_is_a_swap():
     p = d.step()
     assert p.admitted == (Admission("a2", 2, 10),)
     assert p.copies == ()
-    assert p.work == (LaneWork(2, "a2", (1000, 5), 10, (0, 1, 2, 3), True),)  # 13 cells
+    assert p.work == (LaneWork(2, "a2", (1000, 5), 10, (0, 1, 2, 3), True, prompt=True),)  # 13 cells
 
 
 def test_move_reserved_copies_every_cell():
@@ -424,7 +424,8 @@ def test_move_reserved_copies_every_cell():
     s.add("a2", first + [1000])
     p = d.step()
     assert p.admitted == (Admission("a2", 2, 10),)
-    assert p.work == (LaneWork(2, "a2", (1000,), 10, (6, 7, 8), True),)
+    # a cached prompt's last token is a prompt row
+    assert p.work == (LaneWork(2, "a2", (1000,), 10, (6, 7, 8), True, prompt=True),)
 
 
 @pytest.mark.parametrize("kind", ["pooled", "reserved"])
@@ -478,7 +479,7 @@ def test_park_then_follow_up_restores_without_copying():
     assert p.admitted == (Admission("a2", 1, 10),)
     assert p.copies == ()
     assert s.lanes[1].conv is conv
-    assert LaneWork(1, "a2", (1000, 7), 10, (0, 1, 2, 3), True) in p.work  # 13 cells, one run
+    assert LaneWork(1, "a2", (1000, 7), 10, (0, 1, 2, 3), True, prompt=True) in p.work  # 13 cells, one run
     assert s.counters.num_cells_copied == 0
     assert s.counters.num_moves_swap == 0  # restoring from the pool is not a lane move
 
@@ -595,7 +596,7 @@ def test_an_idle_conversation_holding_the_room_gives_way_to_its_branch_tail_firs
     assert p.refused == ()
     assert p.admitted == (Admission("br", 0, 6),)  # in x's lane, on x's first 6 cells
     assert p.copies == ()
-    assert p.work == (LaneWork(0, "br", (9, 9), 6, (0, 1, 2), True),)
+    assert p.work == (LaneWork(0, "br", (9, 9), 6, (0, 1, 2), True, prompt=True),)
     assert s.lanes[0].conv is orig and orig.token_ids == x[:6] + [9, 9]
     assert len(s.cache) == 1 and s.counters.num_evictions == 0
     assert s.counters.num_cached_tokens == 6
@@ -618,7 +619,7 @@ def test_an_idle_conversation_holding_the_room_gives_way_whole_when_its_tail_is_
     assert p.refused == ()
     assert p.admitted == (Admission("br", 0, 0),)
     assert s.counters.num_evictions == 2 and s.counters.num_cached_tokens == 8  # b's only
-    assert p.work == (LaneWork(0, "br", tuple(a[:6] + [90] * 7), 0, (0, 1, 2, 3), True),)
+    assert p.work == (LaneWork(0, "br", tuple(a[:6] + [90] * 7), 0, (0, 1, 2, 3), True, prompt=True),)
     assert len(s.cache) == 1 and s.lanes[1].conv is None
 
 
@@ -659,7 +660,7 @@ def test_a_prompt_that_fills_its_last_chunk_needs_room_for_one_more():
     p = d.step()
     assert p.refused == (Refusal("full", 3, 2),)
     assert p.admitted == (Admission("fits", 0, 0),)
-    assert p.work == (LaneWork(0, "fits", (2,) * 7, 0, (0, 1), True),)
+    assert p.work == (LaneWork(0, "fits", (2,) * 7, 0, (0, 1), True, prompt=True),)
     p = d.step()  # the first decoded token goes into the room admission kept
     assert p.truncated == () and p.work == (LaneWork(0, "fits", (1000,), 7, (0, 1), True),)
 

@@ -1,0 +1,98 @@
+"""A row's path is chosen by its kind (models/rows.py), on the default serving path: bfloat16,
+`--weights auto` (4-bit projections and an int8 head for decode rows, dense for prompt rows).
+
+- A prompt's tokens take one path whether or not its prefix was cached: the same chat sent
+  twice at temperature 0 answers the same (the second time only its last token is computed,
+  on the prompt path as the first time, not as a decode row of 4-bit projections).
+- A step with a prompt piece beside a decoding lane computes the lane's row as a decode-only
+  step does (4-bit) and the piece's rows as a prompt-only step does (dense), whichever of them
+  is the longer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from strata.config import EngineConfig
+from strata.engine.engine import Engine
+from strata.sampling import SamplingParams
+from strata.step import LaneWork, StepOutput
+
+# Chats whose second answer differed from the first when a cached prompt's last token was
+# computed as a decode row (on a Sapphire Rapids guest: the first three, at the 2nd to 5th token).
+CHATS = ["What color is a ruby? Answer in one sentence.", "Name a color.", "Write a haiku about tides.",
+         "Think of a color and tell me about it.", "Why is the sky blue?", "Give me a word that rhymes with cat."]
+NEW = 12
+
+
+@pytest.fixture(scope="module")
+def engine(gguf_path) -> Engine:
+    return Engine(EngineConfig(model=gguf_path, dtype="bfloat16", weights="auto", max_context=512, batch=1,
+                               spec="off"), progress=False)
+
+
+def greedy(engine: Engine, ids: list[int]) -> tuple[list[int], int]:
+    """(the greedy continuation, how many prompt tokens were cached)."""
+    request_id = engine.submit(ids, SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True))
+    outputs = list(engine.stream(request_id))
+    return [t for o in outputs for t in o.new_token_ids], outputs[-1].num_cached_tokens
+
+
+def test_the_same_chat_answers_the_same_whether_or_not_its_prompt_was_cached(engine):
+    for chat in CHATS:
+        engine._scheduler.clear_cache()  # the chats share the template's system prompt
+        ids = engine.tokenizer.encode_chat([{"role": "user", "content": chat}])
+        cold, cached_cold = greedy(engine, ids)
+        warm, cached_warm = greedy(engine, ids)
+        assert cached_cold == 0 and cached_warm == len(ids) - 1, (chat, cached_cold, cached_warm)
+        assert warm == cold, (chat, engine.tokenizer.decode(cold), engine.tokenizer.decode(warm))
+
+
+def prompt_state(engine: Engine, request_id: str, ids: list[int]) -> LaneWork:
+    """Reads `ids` in as `request_id`'s prompt, nothing sampled; returns the decode row that
+    would follow it (its next token is the prompt's last id again: any token will do)."""
+    scheduler, runner = engine._scheduler, engine._runner
+    scheduler.add(request_id, ids)
+    while scheduler.seqs.get(request_id) is None or scheduler.seqs[request_id].is_prefilling:
+        plan = scheduler.schedule()
+        runner.copy_cells(plan.copies)
+        runner.all_logits(plan.work)
+        scheduler.commit(plan, StepOutput())
+    seq = scheduler.seqs[request_id]
+    chunk_size = engine._kv.chunk_size
+    assert seq.conv.num_cells % chunk_size, "the decode row's cell is in the table's last chunk"
+    return LaneWork(seq.lane, request_id, (ids[-1],), seq.conv.num_cells, tuple(seq.conv.table.chunk_ids), True)
+
+
+@pytest.mark.parametrize("piece", [3, 40])  # fewer rows than the 4-bit limit together, and more
+def test_a_mixed_step_computes_each_row_by_its_kind(engine, quant_ops, piece, monkeypatch):
+    scheduler, runner, model = engine._scheduler, engine._runner, engine._model
+    assert model.quant_max_rows is not None and 1 + 3 <= model.quant_max_rows < 1 + 40
+    scheduler.clear_cache()
+    tok = engine.tokenizer
+    decode = prompt_state(engine, "a", tok.encode_chat([{"role": "user", "content": "Name a color."}]))
+    scheduler.add("b", tok.encode("The tide came in over the flat grey sand, and the gulls " * 4))
+    plan = scheduler.schedule()
+    (prompt,) = [dataclasses.replace(w, token_ids=w.token_ids[:piece]) for w in plan.work if w.request_id == "b"]
+    assert prompt.prompt and prompt.start == 0
+    try:
+        alone = torch.cat([runner.all_logits((decode,)), runner.all_logits((prompt,))])
+        mixed = runner.all_logits((decode, prompt))  # rows: the decode row, then the piece's
+        for lin in [p for layer in model.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down)]:
+            monkeypatch.setattr(lin, "max_rows", 0)
+        monkeypatch.setattr(model.lm_head, "max_rows", 0)
+        dense = torch.cat([runner.all_logits((decode,)), runner.all_logits((prompt,))])
+    finally:
+        scheduler.abort("a")
+        scheduler.abort("b")
+    tol = 1e-3 * alone.abs().max().item()  # the same path: summation order at most
+    four_bit = (alone[0] - dense[0]).abs().max().item()
+    print(f"piece {piece}: decode row mixed vs alone {(mixed[0] - alone[0]).abs().max().item():.4f}, "
+          f"prompt rows {(mixed[1:] - alone[1:]).abs().max().item():.4f}, 4-bit vs dense {four_bit:.4f}, tol {tol:.4f}")
+    assert four_bit > 10 * tol  # the decode row's 4-bit path, told apart from the dense one
+    assert (mixed[0] - alone[0]).abs().max().item() <= tol
+    assert (mixed[1:] - alone[1:]).abs().max().item() <= tol
+    assert (alone[1:] - dense[1:]).abs().max().item() <= tol  # prompt rows: dense in any step
