@@ -100,7 +100,7 @@ def main() -> None:
           + ", ".join(f"{p} {v:.3f}" for p, v in score.items())
           + f" -> {best}; the default is {DEFAULT_EVICT}{'' if best == DEFAULT_EVICT else ' (they differ)'}")
 
-    setup = B.Setup(device_mib=a.device_memory, cap=49152, default_ring=32768, page=256, new=256)
+    setup = B.Setup(device_mib=a.device_memory, cap=49152, default_ring=32768, page=256, new=a.steps + a.warm)
     depths = {"1K": 1024, "32K": 32768, "128K": 131072}
     budget_trace = make_trace(TRACES[2], a.layers, B.EXPERTS, B.TOP_K, a.steps + a.warm, 1, a.seed + 1)
     d = B.run_depths(setup, depths, budget_trace, DEFAULT_EVICT, a.warm)

@@ -20,7 +20,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable
 
 EVICT_POLICIES = ("lru", "lfu", "lrfu")
-DEFAULT_EVICT = "lru"  # chosen on benchmarks/moe_cache.py's traces (docs/moe-cache.md)
+DEFAULT_EVICT = "lrfu"  # chosen on benchmarks/moe_cache.py's traces (docs/moe-cache.md)
 LRFU_LAMBDA = 0.5  # a use halves in weight every 2 steps
 
 
