@@ -49,9 +49,9 @@ class EngineParts:
 
 def num_weight_params(cfg: ModelConfig) -> int:
     q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    per_layer = cfg.hidden_size * (q + 2 * kv) + q * cfg.hidden_size + 3 * cfg.hidden_size * cfg.intermediate_size
+    attention = cfg.hidden_size * (q + 2 * kv) + q * cfg.hidden_size
     embed = cfg.vocab_size * cfg.hidden_size
-    return embed * (1 if cfg.tie_embeddings else 2) + cfg.num_layers * per_layer
+    return embed * (1 if cfg.tie_embeddings else 2) + sum(attention + cfg.mlp_params(i) for i in range(cfg.num_layers))
 
 
 def make_layout(config: EngineConfig, max_context: int) -> KVLayout:
