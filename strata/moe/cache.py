@@ -10,8 +10,11 @@ whose compute device is the host always copies). `hint(layer, experts)`, when pr
 on, copies the next layer's likely experts into its slots ahead of its step, on a side
 stream where CUDA exists (a slot's reader waits for its copy's event).
 
+Tokens are counted at the first MoE layer (its rows are the step's tokens times the experts
+per token): per token computed, prompt, decode and draft rows alike.
+
 Added to the ExpertBank protocol: `hint`, `resize` (the device budget's re-split, between
-steps), `count_tokens` (the engine's tokens per step, for the per-token counters), `stats`.
+steps), `stats`.
 """
 
 from __future__ import annotations
@@ -42,7 +45,8 @@ def _layout(e: ExpertWeights) -> list[tuple]:
 
 class CachedBank:
     def __init__(self, experts: list[list[ExpertWeights]], num_slots: int, device: torch.device | str,
-                 policy: str, prefetch: bool = False, cost: CostModel | None = None, ops=None, host_ops=None):
+                 policy: str, experts_per_token: int, prefetch: bool = False, cost: CostModel | None = None,
+                 ops=None, host_ops=None):
         """`experts[layer][e]`: host-memory experts (dense layers: an empty list); `num_slots`:
         slots per MoE layer (at most its experts); `cost`: None copies every miss."""
         self.device = torch.device(device)
@@ -62,7 +66,9 @@ class CachedBank:
         self.buffers: list[list[ExpertWeights]] = [[] for _ in self.host]
         self.ready: list[dict[int, torch.cuda.Event]] = [{} for _ in self.host]  # slot -> its prefetch copy
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        self.tokens = 0
+        self.experts_per_token = experts_per_token
+        self.first_layer = next((n for n, layer in enumerate(self.host) if layer), None)
+        self.rows = 0  # rows run at the first MoE layer
         self.num_slots = 0
         self.resize(num_slots)
 
@@ -84,6 +90,8 @@ class CachedBank:
 
     def run(self, layer: int, expert: int, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0]
+        if layer == self.first_layer:
+            self.rows += rows
         copy = self.cost is None or self.cost.copies(self.expert_bytes[layer], self.params[layer], rows,
                                                      x.shape[-1] * x.element_size())
         t = self.slots[layer].take(expert, copy, rows)
@@ -94,7 +102,11 @@ class CachedBank:
         if ev is not None:
             torch.cuda.current_stream(self.device).wait_event(ev)
         if t.copied:
-            self.buffers[layer][t.slot].copy_from(self.host[layer][expert], non_blocking=self.accelerated)
+            try:
+                self.buffers[layer][t.slot].copy_from(self.host[layer][expert], non_blocking=self.accelerated)
+            except BaseException:
+                self.slots[layer].forget(expert)  # the slot holds part of a copy: it holds nothing
+                raise
         return self.buffers[layer][t.slot](x, self.ops)
 
     # ---- added: prefetch, the budget's re-split, tokens, stats ------------------------------------
@@ -138,8 +150,9 @@ class CachedBank:
             del bufs[want:]
             bufs += [layer[0].empty_like(self.device) for _ in range(want - len(bufs))]
 
-    def count_tokens(self, n: int) -> None:
-        self.tokens += n
+    @property
+    def tokens(self) -> int:
+        return self.rows // self.experts_per_token
 
     def layer_counters(self, layer: int) -> SlotCounters:
         return self.slots[layer].counters

@@ -71,8 +71,8 @@ class ExpertSlots:
         return len(self.expert_of_slot)
 
     def begin(self, experts: Sequence[int]) -> None:
+        """A new step (a step that failed part way leaves experts it never ran: they are dropped)."""
         assert len(set(experts)) == len(experts), "a step names each expert once"
-        assert not self.pending, f"experts {sorted(self.pending)} of the last step never ran"
         self.step += 1
         self.pending = set(experts)
 
@@ -136,6 +136,11 @@ class ExpertSlots:
         self.slot_of[expert] = slot
         self.policy.placed(expert, self.step)
 
+    def forget(self, expert: int) -> None:
+        """`expert`'s slot no longer holds its weights (a copy into it failed part way)."""
+        if expert in self.slot_of:
+            heapq.heappush(self._free, self._drop(expert))
+
     def _drop(self, expert: int) -> int:
         """`expert` leaves its slot (counted as an eviction); returns the slot, not freed."""
         slot = self.slot_of.pop(expert)
@@ -150,7 +155,8 @@ class ExpertSlots:
     def resize(self, num_slots: int) -> list[tuple[int, int]]:
         """Between steps: keep `num_slots` slots. Returns the moves (from slot, to slot) to
         apply before the slots past `num_slots` are released; growing returns none."""
-        assert not self.pending and num_slots >= 0
+        assert num_slots >= 0
+        self.pending = set()  # between steps: nothing is still to run
         n = self.num_slots
         if num_slots >= n:
             self.expert_of_slot += [None] * (num_slots - n)

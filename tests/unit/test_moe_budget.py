@@ -98,7 +98,7 @@ def test_the_budget_holds_through_admissions_and_finishes(tiny_layers, lanes, mi
                         slot_bytes=slot, max_slots=8, min_slots=min_slots, cell_bytes=cell, num_lanes=lanes,
                         floor_cells=floor)
     b = DeviceBudget(shape)
-    bank = CachedBank(tiny_layers, b.split.expert_slots, "cpu", "lru")
+    bank = CachedBank(tiny_layers, b.split.expert_slots, "cpu", "lru", 2)
     first = b.split.expert_slots
     for admit, lane, ask in ops:
         lane %= lanes

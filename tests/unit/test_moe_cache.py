@@ -75,7 +75,7 @@ def on_device(layers, device: str):
 
 def check_invisible(layers, hidden, capacity, policy, prefetch, cost, steps, seed, device="cpu"):
     moe = [n for n, layer in enumerate(layers) if layer]
-    bank = CachedBank(layers, capacity, device, policy, prefetch=prefetch, cost=cost)
+    bank = CachedBank(layers, capacity, device, policy, 1, prefetch=prefetch, cost=cost)
     ref = ResidentBank(on_device(layers, device))
     gen = torch.Generator().manual_seed(seed)
     for per_layer, resize in steps:
@@ -93,7 +93,6 @@ def check_invisible(layers, hidden, capacity, policy, prefetch, cost, steps, see
                 else:
                     assert torch.equal(y, want)
             bank.slots[n].check()
-        bank.count_tokens(1)
         if resize is not None:
             bank.resize(resize)
             assert all(len(bank.buffers[n]) == bank.slots[n].num_slots == min(resize, NUM_EXPERTS) for n in moe)
@@ -124,7 +123,7 @@ def test_cost_model_sends_small_steps_to_the_host(dense_layers):
     e = dense_layers[0][0]
     b, p = e.num_bytes, expert_params(e)
     assert [cost.copies(b, p, r, HIDDEN * 4) for r in (1, 2, 3, 8)] == [False, False, True, True]
-    bank = CachedBank(dense_layers, 2, "cpu", "lru", cost=cost)
+    bank = CachedBank(dense_layers, 2, "cpu", "lru", 1, cost=cost)
     for n, rows in ((0, 1), (1, 3), (0, 8), (1, 1)):
         bank.plan(0, [n])
         bank.run(0, n, torch.zeros(rows, HIDDEN))
@@ -136,7 +135,7 @@ def test_cost_model_sends_small_steps_to_the_host(dense_layers):
 
 
 def test_slots_are_their_own_buffers(dense_layers):
-    bank = CachedBank(dense_layers, 2, "cpu", "lru")
+    bank = CachedBank(dense_layers, 2, "cpu", "lru", 1)
     host = {t.data_ptr() for layer in dense_layers for e in layer for t in e.tensors()}
     slots = {t.data_ptr() for layer in bank.buffers for e in layer for t in e.tensors()}
     assert len(slots) == 2 * 2 * 2 and not host & slots
@@ -146,4 +145,29 @@ def test_slots_are_their_own_buffers(dense_layers):
 def test_a_layer_of_mixed_layouts_is_refused():
     gen = torch.Generator().manual_seed(5)
     with pytest.raises(ValueError, match="same storage layout"):
-        CachedBank([[dense_expert(gen, 8, 4), dense_expert(gen, 8, 6)]], 1, "cpu", "lru")
+        CachedBank([[dense_expert(gen, 8, 4), dense_expert(gen, 8, 6)]], 1, "cpu", "lru", 1)
+
+
+def test_a_failed_step_leaves_the_cache_exact(dense_layers, monkeypatch):
+    """A copy that fails part way leaves its slot empty; the next step begins afresh."""
+    bank = CachedBank(dense_layers, 1, "cpu", "lru", 1)
+    ref = ResidentBank(dense_layers)
+    x = torch.randn(2, HIDDEN)
+    bank.plan(0, [0, 1])
+    bank.run(0, 0, x)  # 1 never runs: the step failed after it
+    slot = bank.buffers[0][0]
+    real = type(slot).copy_from
+
+    def broken(self, src, non_blocking=False):
+        self.tensors()[0].zero_()
+        raise RuntimeError("copy failed")
+    monkeypatch.setattr(type(slot), "copy_from", broken)
+    bank.plan(0, [1])
+    with pytest.raises(RuntimeError, match="copy failed"):
+        bank.run(0, 1, x)
+    assert bank.slots[0].slot_of == {}
+    monkeypatch.setattr(type(slot), "copy_from", real)
+    for e in (1, 0):
+        bank.plan(0, [e])
+        assert torch.equal(bank.run(0, e, x), ref.run(0, e, x))
+    bank.slots[0].check()

@@ -164,7 +164,7 @@ def test_counts_match_the_reference_simulator(capacity, policy, steps):
 def test_bank_counts_bytes_per_layer_and_per_token():
     gen = torch.Generator().manual_seed(4)
     layers = [[dense_expert(gen, 8, 4) for _ in range(4)], [dense_expert(gen, 8, 2) for _ in range(4)]]
-    bank = CachedBank(layers, 2, "cpu", "lru", prefetch=True)
+    bank = CachedBank(layers, 2, "cpu", "lru", 2, prefetch=True)
     x = torch.zeros(1, 8)
     for step in ([0, 1], [2, 3], [0, 1]):
         bank.plan(0, step)
@@ -174,11 +174,11 @@ def test_bank_counts_bytes_per_layer_and_per_token():
         bank.plan(1, step)
         for e in step:
             bank.run(1, e, x)
-        bank.count_tokens(2)
     s = bank.stats()
     b0, b1 = layers[0][0].num_bytes, layers[1][0].num_bytes
     # layer 0: 6 copies (every step misses with 2 slots); layer 1: 6 prefetches, 6 prefetch hits
     assert [(x["hits"], x["misses"], x["bytes_copied"]) for x in s["layers"]] == [(0, 6, 6 * b0), (6, 0, 6 * b1)]
     assert s["prefetch_hits"] == 6 and s["evictions"] == 4 + 4
-    assert s["bytes_copied"] == 6 * (b0 + b1) and s["bytes_copied_per_token"] == 6 * (b0 + b1) / 6
+    # tokens: 2 rows a step at the first MoE layer, 2 experts per token: 3 tokens
+    assert s["tokens"] == 3 and s["bytes_copied"] == 6 * (b0 + b1) and s["bytes_copied_per_token"] == 2 * (b0 + b1)
     assert s["hit_ratio"] == 0.5
