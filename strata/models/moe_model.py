@@ -20,11 +20,13 @@ from strata.models.moe_block import MoEBlock, take_experts
 from strata.models.quant import QuantWeight
 from strata.moe.bank import ResidentBank
 from strata.moe.experts import ExpertWeights
+from strata.moe.prefetch import likely_experts
 
 
 class MoeDecoderLayer(DecoderLayer):
     def init_mlp(self, w: MutableMapping[str, torch.Tensor | QuantWeight], i: int, weight_mode: str) -> None:
         self.moe = None
+        self.next_moe: MoEBlock | None = None  # the next MoE layer's block, for the cache's prefetch
         if not self.cfg.is_moe_layer(i):
             super().init_mlp(w, i, weight_mode)
             return
@@ -35,6 +37,8 @@ class MoeDecoderLayer(DecoderLayer):
     def ffn(self, h: torch.Tensor, ops=None, bank=None) -> torch.Tensor:
         if self.moe is None:
             return super().ffn(h, ops)
+        if self.next_moe is not None and getattr(bank, "prefetch", False):
+            bank.hint(self.next_moe.layer, likely_experts(self.next_moe, h))
         return self.moe(h, bank, ops)
 
     def projections(self) -> list:
@@ -60,6 +64,9 @@ class MoeModel(LlamaModel):
     def prepare_runtime(self, max_positions: int, fused: bool = True) -> None:
         super().prepare_runtime(max_positions, fused)
         self.bank = ResidentBank(self.experts, self.ops)
+        moe_layers = [layer for layer in self.layers if layer.moe is not None]
+        for a, b in zip(moe_layers, moe_layers[1:]):
+            a.next_moe = b.moe
 
     def projections(self) -> list:
         experts = [lin for layer in self.experts for e in layer for lin in (e.gate_up, e.down)]

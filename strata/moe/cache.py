@@ -70,6 +70,7 @@ class CachedBank:
         self.first_layer = next((n for n, layer in enumerate(self.host) if layer), None)
         self.rows = 0  # rows run at the first MoE layer
         self.num_slots = 0
+        self.budget = None  # --device-memory: the DeviceBudget whose split sizes the slots (for stats)
         self.resize(num_slots)
 
     @staticmethod
@@ -182,4 +183,5 @@ class CachedBank:
             "hits_per_token": total.hits / tok if tok else 0.0,
             "misses_per_token": total.misses / tok if tok else 0.0,
             "layers": layers,
+            "budget": self.budget.stats() if self.budget is not None else None,
         }
