@@ -85,6 +85,10 @@ def _memory_plan(config: EngineConfig, load: ModelLoad, layout: KVLayout, draft:
     if config.kv_resident is not None and all(d == "cpu" for d in config.devices):  # the arena is host memory too
         kv_bytes += round_up(config.ring_budget, config.page) * per_cell
     weight_bytes = _weight_bytes(config, load)
+    if config.moe.cached and cfg.num_experts and all(d == "cpu" for d in config.devices):  # slots are host memory too
+        moe_layers = sum(1 for i in range(cfg.num_layers) if cfg.is_moe_layer(i))
+        slot = 3 * cfg.hidden_size * cfg.expert_intermediate_size * TORCH_DTYPES[config.dtype].itemsize  # dense: a bound
+        weight_bytes += min(cfg.num_experts, config.moe.max_slots(cfg.num_experts)) * moe_layers * slot
     if draft is not None:  # its weights, and its K/V in every chunk of the pool
         d = draft.config
         weight_bytes += _weight_bytes(config, draft)
