@@ -117,6 +117,8 @@ def check_tensor_names(reader: GGUFReader, path: str, cfg: ModelConfig) -> None:
             required += [f"blk.{i}.{n}" for n in ATTENTION_REQUIRED + extra + moe_required(cfg, i)]
             if (name := missing_experts(names, cfg, i)) is not None:
                 raise LoaderError(f"{path}: tensor {name!r} (layer {i}'s experts) is missing")
+        elif f"blk.{i}.ffn_gate_exps.weight" in names:  # experts without a router
+            raise LoaderError(f"{path}: tensor 'blk.{i}.ffn_gate_inp.weight' (layer {i}'s router) is missing")
         else:
             required += [f"blk.{i}.{n}" for n in LAYER_REQUIRED + extra]
     for name in required:

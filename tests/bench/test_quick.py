@@ -40,6 +40,7 @@ QUICK = {
     "flood": ([], ["flood.json", "flood.png"], ["the save answered 409 directory_missing"]),
     "cluster": (["--port", "{port}"], ["cluster.json", "cluster.png"], []),
     "grammar": ([], ["grammar.json", "grammar.png"], ["schema compile"]),
+    "moe": ([], ["moe-quick.json", "moe-quick.png"], ["--quick: strata's arms only"]),
 }
 # Not a Python benchmark: ring_cuda.sh runs the ring's tests on a CUDA machine.
 NOT_BENCHMARKS = {"__init__.py", "common.py"}
