@@ -231,3 +231,20 @@ def test_other_moe_architectures_are_refused_by_name(tmp_path, fields):
     with pytest.raises(LoaderError) as info:
         open_model(path)
     assert "'deepseek2' is a mixture of experts strata does not run" in str(info.value)
+
+
+def test_the_prepared_model_cache_maps_the_experts_back(case, tmp_path, monkeypatch):
+    """A second start maps the MoE model back (experts, bank remade): the same greedy tokens,
+    each layer's experts still views of one stacked buffer under native."""
+    from strata.loader import prepared
+
+    monkeypatch.setenv(prepared.CACHE_ENV, str(tmp_path / "cache"))
+    first = engine(case, "native")
+    ids = first.tokenizer.encode(PROMPT)
+    want = greedy(first, ids, 8)
+    second = engine(case, "native")
+    assert second.info.loaded_from_cache and not first.info.loaded_from_cache
+    assert greedy(second, ids, 8) == want
+    experts = second._model.experts[0]
+    if experts[0].down.quant is not None:
+        assert len({e.down.quant.parts[0].raw.untyped_storage().data_ptr() for e in experts}) == 1
