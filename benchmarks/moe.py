@@ -86,7 +86,9 @@ def main() -> None:
     stem = "moe" if not args.quick else "moe-quick"
     path = write_json(f"{stem}.json", {"args": vars(args), "shape": shape, "raw": raw, "median": med, "table": table,
                                        "loadavg": [load_before, os.getloadavg()]}, args.out)
-    plot_speed(med, names, os.path.splitext(path)[0] + ".png", title[:160])
+    plot_speed(med, names, os.path.splitext(path)[0] + ".png",
+               f"moe.py: random {describe(shape)}, {args.qtype}\n{args.prompt}-token prompt, {args.threads} "
+               f"threads, bf16 compute, one run on {cpu_name()} (load average {load_before[0]:.1f})")
     print(f"raw numbers: {path} (plot: {os.path.basename(os.path.splitext(path)[0])}.png next to it)")
 
 

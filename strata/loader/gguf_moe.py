@@ -102,9 +102,9 @@ def moe_config_fields(reader: GGUFReader, gguf_arch: str, arch: str, num_layers:
     }
 
 
-def moe_required(cfg, i: int) -> tuple[str, ...]:
-    """GGUF names (after "blk.{i}.") MoE layer i needs beyond attention: the router, the
-    experts (stacked; checked per expert for older files) and the shared expert if any."""
+def moe_required(cfg) -> tuple[str, ...]:
+    """GGUF names (after "blk.{i}.") a MoE layer needs beyond attention and its experts: the
+    router and the shared expert if any (experts: `missing_experts`)."""
     return ("ffn_gate_inp.weight",) + (SHARED_TENSORS if cfg.shared_expert_intermediate_size else ())
 
 
