@@ -1,3 +1,4 @@
-"""Pieces of benchmarks/moe_cache.py: synthetic routing traces (traces.py), the expert cache
-on them against Belady's optimal eviction (cache.py), the device budget's split across
-depths (budget.py), the figure (plot.py)."""
+"""Pieces of benchmarks/moe.py (speed.py: strata against llama.cpp on a MoE GGUF) and of
+benchmarks/moe_cache.py (traces.py: synthetic routing traces; cache.py: the expert cache on
+them against Belady's optimal eviction; budget.py: the device budget's split across depths;
+plot.py: its figure)."""

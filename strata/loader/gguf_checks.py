@@ -114,9 +114,11 @@ def check_tensor_names(reader: GGUFReader, path: str, cfg: ModelConfig) -> None:
     extra = LAYER_REQUIRED_BY_ARCH.get(cfg.arch, ())
     for i in range(cfg.num_layers):
         if cfg.is_moe_layer(i):
-            required += [f"blk.{i}.{n}" for n in ATTENTION_REQUIRED + extra + moe_required(cfg, i)]
+            required += [f"blk.{i}.{n}" for n in ATTENTION_REQUIRED + extra + moe_required(cfg)]
             if (name := missing_experts(names, cfg, i)) is not None:
                 raise LoaderError(f"{path}: tensor {name!r} (layer {i}'s experts) is missing")
+        elif f"blk.{i}.ffn_gate_exps.weight" in names:  # experts without a router
+            raise LoaderError(f"{path}: tensor 'blk.{i}.ffn_gate_inp.weight' (layer {i}'s router) is missing")
         else:
             required += [f"blk.{i}.{n}" for n in LAYER_REQUIRED + extra]
     for name in required:

@@ -102,19 +102,20 @@ def moe_config_fields(reader: GGUFReader, gguf_arch: str, arch: str, num_layers:
     }
 
 
-def moe_required(cfg, i: int) -> tuple[str, ...]:
-    """GGUF names (after "blk.{i}.") MoE layer i needs beyond attention: the router, the
-    experts (stacked; checked per expert for older files) and the shared expert if any."""
+def moe_required(cfg) -> tuple[str, ...]:
+    """GGUF names (after "blk.{i}.") a MoE layer needs beyond attention and its experts: the
+    router and the shared expert if any (experts: `missing_experts`)."""
     return ("ffn_gate_inp.weight",) + (SHARED_TENSORS if cfg.shared_expert_intermediate_size else ())
 
 
 def missing_experts(names: set[str], cfg, i: int) -> str | None:
     """The first expert tensor layer i lacks (stacked, or one per expert), or None."""
-    if all(f"blk.{i}.{n}" in names for n in EXPERT_TENSORS):
-        return None
+    stacked = [f"blk.{i}.{n}" for n in EXPERT_TENSORS]
+    if any(n in names for n in stacked) or f"blk.{i}.ffn_gate.0.weight" not in names:
+        return next((n for n in stacked if n not in names), None)
     for e in range(cfg.num_experts):
         for proj in ("gate", "up", "down"):
             name = f"blk.{i}.ffn_{proj}.{e}.weight"
             if name not in names:
-                return f"blk.{i}.ffn_{proj}_exps.weight" if e == 0 else name
+                return name
     return None

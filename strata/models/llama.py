@@ -153,7 +153,6 @@ class LlamaModel:
         self.lm_head = make_head(head, head_quant, weight_mode, dtype, self.layer_devices[-1])
         self.inv_freq = rope_inv_freq(cfg, weights.get("rope_freqs"))  # [head_dim / 2] float32
         self.devices = list(dict.fromkeys(self.layer_devices))
-        self.bank = None  # ExpertBank (moe/bank.py) of a MoE model: set by prepare_runtime
         self.prepare_runtime(max_positions, fused)
 
     def make_layer(self, cfg: ModelConfig, weights: MutableMapping[str, torch.Tensor | QuantWeight], i: int,
@@ -166,6 +165,7 @@ class LlamaModel:
         and (`fused`) the fused decode ops where every layer is on the CPU (else None: torch ops)."""
         self.rotary = {d: Rotary(self.inv_freq, max_positions, self.dtype, d) for d in self.devices}
         self.ops = load_decode_ops(fused) if all(d.type == "cpu" for d in self.devices) else None
+        self.bank = None  # where MoE layers run their experts (moe/bank.py; MoeModel sets it)
 
     @property
     def quant_max_rows(self) -> int | None:

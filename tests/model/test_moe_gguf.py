@@ -21,6 +21,7 @@ from gguf.quants import dequantize
 
 from strata.config import EngineConfig
 from strata.engine.engine import Engine
+from strata.errors import LoaderError
 from strata.loader import open_model
 from strata.testing import prompt_logits
 from tests.conftest import require
@@ -69,7 +70,8 @@ def payload(w: np.ndarray, qtype: QT, rng: np.random.Generator):
     return array.reshape(*w.shape[:-1], -1) if w.ndim > 2 else array, raw
 
 
-def write_file(model, arch: str, path: str, fields) -> str:
+def write_file(model, arch: str, path: str, fields, meta_extra: dict | None = None, drop: str | None = None) -> str:
+    """The file of `model` (`meta_extra`: more `<arch>.*` keys; `drop`: a tensor left out)."""
     gguf_arch, cfg = FAMILIES[arch][0], model.config
     rng = np.random.default_rng(hash(arch) % 2**32)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -108,7 +110,8 @@ def write_file(model, arch: str, path: str, fields) -> str:
             elif gguf_arch == "llama" and rest == "self_attn.k_proj.weight":
                 w = llama_cpp_permute(w, cfg.num_key_value_heads)
             tensors.append((f"blk.{i}.{LAYER_NAMES[rest]}", *payload(w, QT.F32, rng)))
-    return write_gguf(path, gguf_arch, meta, tensors, fields)
+    meta |= meta_extra or {}
+    return write_gguf(path, gguf_arch, meta, [t for t in tensors if t[0] != drop], fields)
 
 
 def unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:
@@ -200,3 +203,48 @@ def test_native_reads_each_experts_blocks_in_place(case, quant_ops):
             assert [r.storage_offset() for r in raws] == [e * raws[0].numel() for e in range(EXPERTS)]
         if types[0] in quantized and types[1] in quantized:
             assert gate_up.weight is None and gate_up.quant is not None
+
+
+def small_model(arch: str):
+    _, cls, overrides = FAMILIES[arch]
+    return transformers.AutoModelForCausalLM.from_config(
+        getattr(transformers, cls)(**SIZES, **overrides, vocab_size=VOCAB), dtype=torch.float32)
+
+
+@pytest.mark.parametrize("what, needle", [
+    ({"meta_extra": {"expert_gating_func": 2}}, "expert_gating_func 2 is not supported"),
+    ({"meta_extra": {"expert_weights_scale": 2.5}}, "expert_weights_scale 2.5 is not supported"),
+    ({"meta_extra": {"expert_used_count": 9}}, "expert_used_count 9"),
+    ({"drop": "blk.1.ffn_up_exps.weight"}, "'blk.1.ffn_up_exps.weight' (layer 1's experts) is missing"),
+    ({"drop": "blk.0.ffn_gate_inp.weight"}, "'blk.0.ffn_gate_inp.weight' (layer 0's router) is missing"),
+])
+def test_bad_moe_files_are_refused_by_name(what, needle, tmp_path, fields):
+    path = write_file(small_model("qwen3_moe"), "qwen3_moe", str(tmp_path / "bad.gguf"), fields, **what)
+    with pytest.raises(LoaderError) as info:
+        open_model(path)
+    assert needle in str(info.value), str(info.value)
+
+
+def test_other_moe_architectures_are_refused_by_name(tmp_path, fields):
+    path = write_gguf(str(tmp_path / "deepseek2.gguf"), "deepseek2", {"block_count": 1},
+                      [("token_embd.weight", np.zeros((VOCAB, 32), np.float32), None)], fields)
+    with pytest.raises(LoaderError) as info:
+        open_model(path)
+    assert "'deepseek2' is a mixture of experts strata does not run" in str(info.value)
+
+
+def test_the_prepared_model_cache_maps_the_experts_back(case, tmp_path, monkeypatch):
+    """A second start maps the MoE model back (experts, bank remade): the same greedy tokens,
+    each layer's experts still views of one stacked buffer under native."""
+    from strata.loader import prepared
+
+    monkeypatch.setenv(prepared.CACHE_ENV, str(tmp_path / "cache"))
+    first = engine(case, "native")
+    ids = first.tokenizer.encode(PROMPT)
+    want = greedy(first, ids, 8)
+    second = engine(case, "native")
+    assert second.info.loaded_from_cache and not first.info.loaded_from_cache
+    assert greedy(second, ids, 8) == want
+    experts = second._model.experts[0]
+    if experts[0].down.quant is not None:
+        assert len({e.down.quant.parts[0].raw.untyped_storage().data_ptr() for e in experts}) == 1
