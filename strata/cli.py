@@ -89,6 +89,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if snap.ring is not None:
         ring = {**snap.ring, **(snap.lanes[0].ring or {})}
         result["ring"] = ring
+    if snap.moe is not None:
+        result["moe"] = snap.moe
     if args.json:
         print(json.dumps(result, ensure_ascii=False))
     else:
@@ -98,6 +100,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             f"{t.prompt_per_second:.1f} tok/s | decode {t.predicted_per_second:.1f} tok/s ({len(got.token_ids)} tok) | "
             f"K/V held {snap.kv_bytes_held / MIB:.1f} MiB | "
             + (_ring_summary(ring) if ring else "") + (_spec_summary(spec) if spec else "")
+            + (_moe_summary(snap.moe) if snap.moe else "")
             + f"{final.finish_reason}]",
             file=sys.stderr,
         )
@@ -112,6 +115,15 @@ def _write(text: str) -> None:
 def _ring_summary(ring: dict) -> str:
     return (f"ring {ring['ring_cells']} cells, {ring['resident_pages']} pages resident, "
             f"{ring['bytes_streamed_per_token'] / MIB:.2f} MiB streamed/tok, hit {ring['hit_ratio']:.0%} | ")
+
+
+def _moe_summary(moe: dict) -> str:
+    budget = moe["budget"]
+    split = (f", budget {budget['expert_slots']} slots + {budget['ring_bytes'] / MIB:.0f} MiB ring of "
+             f"{budget['device_bytes'] / MIB:.0f} MiB") if budget else ""
+    return (f"experts {moe['resident']} slots/layer ({moe['evict']}{', prefetch' if moe['prefetch'] else ''}), "
+            f"hit {moe['hit_ratio']:.0%}, {moe['misses_per_token']:.1f} misses/tok, "
+            f"{moe['bytes_copied_per_token'] / MIB:.2f} MiB copied/tok{split} | ")
 
 
 def _spec_summary(spec: dict) -> str:
@@ -151,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
                         format="strata: %(message)s")
     logging.getLogger("strata.ring").setLevel(logging.INFO)  # each ring sizing is shown (DESIGN.md)
+    logging.getLogger("strata.budget").setLevel(logging.INFO)  # each change of the device budget's split
     try:
         return args.func(args)
     except StrataError as exc:

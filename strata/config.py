@@ -14,6 +14,8 @@ from strata.errors import ConfigError
 from strata.kv.residency import POLICIES
 from strata.kv.ring_rule import DEFAULT_PAGE, DEFAULT_RING, RESIDENT_MIN, RingSizing, ring_adapt_enabled
 from strata.kv.table import chunks_for
+from strata.moe.evict import DEFAULT_EVICT
+from strata.moe.options import MoEOptions
 
 DTYPES = ("float32", "bfloat16")
 KV_DTYPES = ("f32", "f16", "bf16", "int8")
@@ -56,6 +58,11 @@ class EngineConfig:
     spec: str = "ngram"  # speculative decoding: "ngram" (prompt lookup), "draft" (--draft-model), "off"
     spec_k: int = DEFAULT_SPEC_K  # drafts a lane proposes a step, at most (adaptive below it)
     draft_model: str | None = None
+    moe_resident: int | None = None  # expert slots per MoE layer on the compute device (None: every expert)
+    moe_evict: str = DEFAULT_EVICT
+    moe_prefetch: bool = False
+    device_memory: int | None = None  # MiB: one budget for resident weights, expert slots and rings
+    moe_resident_min: int | None = None  # with device_memory: the fewest slots per layer (None: experts per token)
 
     def __post_init__(self) -> None:
         if isinstance(self.devices, str):  # "cpu,cpu" as typed on the command line
@@ -99,6 +106,11 @@ class EngineConfig:
         if self.kv_ring_budget is not None:
             return self.kv_ring_budget
         return self.num_lanes * self.ring_sizing.cap_cells
+
+    @property
+    def moe(self) -> MoEOptions:
+        return MoEOptions(self.moe_resident, self.moe_evict, self.moe_prefetch, self.device_memory,
+                          self.moe_resident_min)
 
     def replace(self, **changes) -> EngineConfig:
         return dataclasses.replace(self, **changes)
@@ -207,6 +219,10 @@ def validate(cfg: EngineConfig) -> None:
         if not isinstance(dev, str) or not (dev == "cpu" or dev.startswith("cuda") or dev == "mps"):
             raise ConfigError(f"--devices: unknown device {dev!r} (use cpu, cuda or cuda:N)")
     _validate_ring(cfg)
+    cfg.moe  # the expert cache's and the device budget's flags (moe/options.py)
+    if cfg.device_memory is not None and cfg.kv_ring_budget is not None:
+        raise ConfigError("--kv-ring-budget and --device-memory both size the rings: give one (--device-memory "
+                          "splits one budget between rings and expert slots)")
     _choice(cfg.spec, "--spec", SPEC_MODES)
     _positive_int(cfg.spec_k, "--spec-k")
     if cfg.spec == "draft" and cfg.draft_model is None:

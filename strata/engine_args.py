@@ -22,6 +22,7 @@ from strata.config import (
 )
 from strata.kv.residency import POLICIES
 from strata.kv.ring_rule import DEFAULT_PAGE, DEFAULT_RING
+from strata.moe.evict import DEFAULT_EVICT, EVICT_POLICIES
 
 
 def add_engine_args(
@@ -45,6 +46,16 @@ def add_engine_args(
                    help="the ring a shallow run keeps with STRATA_KV_RING_ADAPT=1")
     g.add_argument("--kv-ring-budget", type=int, default=None,
                    help="device cells per layer for all lanes' rings together (default: lanes x --kv-resident)")
+    g.add_argument("--moe-resident", type=int, default=None,
+                   help="expert slots per MoE layer on the compute device (default: every expert resident)")
+    g.add_argument("--moe-evict", choices=EVICT_POLICIES, default=DEFAULT_EVICT,
+                   help="which cached expert gives its slot to a missing one")
+    g.add_argument("--moe-prefetch", action="store_true",
+                   help="copy the next layer's likely experts (its router on this layer's hidden state) ahead")
+    g.add_argument("--device-memory", type=int, default=None, metavar="MIB",
+                   help="one device budget for resident weights, expert slots and every lane's ring")
+    g.add_argument("--moe-resident-min", type=int, default=None,
+                   help="with --device-memory: the fewest expert slots per layer (default: experts per token)")
     g.add_argument("--spec", choices=SPEC_MODES, default="ngram",
                    help="speculative decoding: ngram (prompt lookup drafts, verified in one step), draft (--draft-model), off")
     g.add_argument("--spec-k", type=int, default=DEFAULT_SPEC_K, help="drafts a lane proposes a step, at most")
@@ -66,4 +77,6 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         memory_guard_mib=args.memory_guard_mib, kv_resident=args.kv_resident, kv_page=args.kv_page,
         kv_evict=args.kv_evict, kv_ring_default=args.kv_ring_default, kv_ring_budget=args.kv_ring_budget,
         spec=args.spec, spec_k=args.spec_k, draft_model=args.draft_model,
+        moe_resident=args.moe_resident, moe_evict=args.moe_evict, moe_prefetch=args.moe_prefetch,
+        device_memory=args.device_memory, moe_resident_min=args.moe_resident_min,
     )

@@ -141,13 +141,18 @@ def make_tiny_model(arch: str, out_dir: str, tokenizer, **overrides) -> str:
     """A random Hugging Face model of `arch` saved with the SmolLM2 tokenizer; returns its dir."""
     transformers = require("transformers")
 
-    torch.manual_seed({"llama": 1, "qwen2": 2, "qwen3": 3, "mistral": 4, "gemma3_text": 5}[arch])
+    torch.manual_seed({"llama": 1, "qwen2": 2, "qwen3": 3, "mistral": 4, "gemma3_text": 5, "mixtral": 6,
+                       "qwen2_moe": 7, "qwen3_moe": 8, "olmoe": 9}[arch])
     cls_cfg = {
         "llama": transformers.LlamaConfig,
         "qwen2": transformers.Qwen2Config,
         "qwen3": transformers.Qwen3Config,
         "mistral": transformers.MistralConfig,
         "gemma3_text": transformers.Gemma3TextConfig,
+        "mixtral": transformers.MixtralConfig,
+        "qwen2_moe": transformers.Qwen2MoeConfig,
+        "qwen3_moe": transformers.Qwen3MoeConfig,
+        "olmoe": transformers.OlmoeConfig,
     }[arch]
     kwargs = dict(TINY, vocab_size=tokenizer.vocab_size, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
     if arch == "qwen3":

@@ -32,6 +32,7 @@ from strata.cells.ring_step import PageMap, RingStep
 from strata.cells.storage import KVStorage
 from strata.kv.residency import LaneReads, Residency, ResidencyPlan
 from strata.kv.ring_rule import RingSizing
+from strata.moe.budget_rule import ring_ask
 from strata.step import LaneWork
 
 log = logging.getLogger("strata.ring")  # INFO: each sizing (the command line shows them, strata/cli.py)
@@ -96,7 +97,54 @@ class KVRing:
                                                                               for d in self.devices}
         self.residency = Residency(self.num_slots, policy)
         self.counters = RingCounters()
+        self.budget = None  # --device-memory: the DeviceBudget that grants each lane's ring (moe/budget.py)
+        self.on_split = None  # called with each new split, between steps (the expert slots follow it)
         host.write_listeners.append(self.on_host_write)
+
+    # ---- the device budget (--device-memory) ------------------------------------------------------
+    def attach_budget(self, budget, on_split) -> None:
+        """From now on each lane's ring is what `budget` grants its request, and the arena holds
+        exactly the busy lanes' rings; `on_split(split)` follows every change."""
+        self.budget = budget
+        self.on_split = on_split
+        self.resize_arena(sum(budget.held.values()))
+
+    def resize_arena(self, cells: int) -> None:
+        """Between steps: an arena of `cells` (whole pages, at least one). Resident pages leave
+        (the pool holds every cell), so the next step admits what it reads."""
+        num_slots = max(1, -(-cells // self.page))
+        if num_slots == self.num_slots:
+            return
+        self.counters.pages_invalidated += self.residency.num_resident
+        self.num_slots = num_slots
+        self.budget_cells = num_slots * self.page
+        self.arena_k = [k.zeros_like(self.budget_cells, d) for k, d in zip(self.host.k, self.layer_devices)]
+        self.arena_v = [v.zeros_like(self.budget_cells, d) for v, d in zip(self.host.v, self.layer_devices)]
+        self.residency = Residency(num_slots, self.policy)
+
+    def _budget_lanes(self, work: Sequence[LaneWork], active: set[int]) -> None:
+        """Lanes whose request ended give their rings back; lanes with a new request ask for one."""
+        b = self.budget
+        changed = False
+        for lane in [n for n in b.held if n not in active]:
+            changed |= b.finish(lane)
+        for w in work:
+            lane = self.counters.lanes.get(w.lane)
+            if lane is not None and lane.request_id == w.request_id:
+                continue
+            if w.lane in b.held:
+                changed |= b.finish(w.lane)
+            ask = ring_ask(self.sizing, max(w.target_cells, w.num_cells), 0)
+            changed |= b.admit(w.lane, ask)
+            self.counters.sizings += 1
+            if b.ring_cells(w.lane) < ask:
+                self.counters.budget_fallbacks += 1
+            if self.sizing.adaptive:
+                log.info("KV ring adaptive: %d -> %d", self.sizing.cap, b.ring_cells(w.lane))
+            self.counters.lanes[w.lane] = LaneRing(w.request_id, b.ring_cells(w.lane))
+        if changed:
+            self.resize_arena(sum(b.held.values()))
+            self.on_split(b.split)
 
     # ---- sizing ---------------------------------------------------------------------------
     def lane_ring(self, w: LaneWork, active: set[int]) -> int:
@@ -131,6 +179,8 @@ class KVRing:
         `busy_lanes`: lanes serving a request, with or without work this step; their rings
         count against the budget (a lane whose request ended gives its ring back)."""
         active = set(busy_lanes) | {w.lane for w in work}
+        if self.budget is not None:
+            self._budget_lanes(work, active)
         reads = [LaneReads(w.lane, self.sizing.pages(self.lane_ring(w, active)), self.lane_pages(w)) for w in work]
         plan = self.residency.plan(reads)
         self._count(work, reads, plan)

@@ -27,6 +27,7 @@ from strata.loader.tokenizer import Tokenizer
 from strata.models.config import ModelConfig
 from strata.models.fused import load_quant_ops
 from strata.models.llama import LlamaModel
+from strata.moe.wiring import attach_expert_cache
 from strata.runner.runner import ModelRunner
 
 log = logging.getLogger("strata")
@@ -49,9 +50,9 @@ class EngineParts:
 
 def num_weight_params(cfg: ModelConfig) -> int:
     q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    per_layer = cfg.hidden_size * (q + 2 * kv) + q * cfg.hidden_size + 3 * cfg.hidden_size * cfg.intermediate_size
+    attention = cfg.hidden_size * (q + 2 * kv) + q * cfg.hidden_size
     embed = cfg.vocab_size * cfg.hidden_size
-    return embed * (1 if cfg.tie_embeddings else 2) + cfg.num_layers * per_layer
+    return embed * (1 if cfg.tie_embeddings else 2) + sum(attention + cfg.mlp_params(i) for i in range(cfg.num_layers))
 
 
 def make_layout(config: EngineConfig, max_context: int) -> KVLayout:
@@ -84,6 +85,10 @@ def _memory_plan(config: EngineConfig, load: ModelLoad, layout: KVLayout, draft:
     if config.kv_resident is not None and all(d == "cpu" for d in config.devices):  # the arena is host memory too
         kv_bytes += round_up(config.ring_budget, config.page) * per_cell
     weight_bytes = _weight_bytes(config, load)
+    if config.moe.cached and cfg.num_experts and all(d == "cpu" for d in config.devices):  # slots are host memory too
+        moe_layers = sum(1 for i in range(cfg.num_layers) if cfg.is_moe_layer(i))
+        slot = 3 * cfg.hidden_size * cfg.expert_intermediate_size * TORCH_DTYPES[config.dtype].itemsize  # dense: a bound
+        weight_bytes += min(cfg.num_experts, config.moe.max_slots(cfg.num_experts)) * moe_layers * slot
     if draft is not None:  # its weights, and its K/V in every chunk of the pool
         d = draft.config
         weight_bytes += _weight_bytes(config, draft)
@@ -127,6 +132,7 @@ def build_parts(config: EngineConfig, source: ModelSource | None, progress: bool
     draft = None
     if draft_load is not None:
         draft = load_draft_model(draft_load, config.kv_dtype, pool, max_context, progress, config.fused)
+    attach_expert_cache(config, model, kv, ring)  # --moe-resident, --device-memory (moe/wiring.py)
     runner = ModelRunner(model, kv, ring, draft)
     scheduler = Scheduler(layout, config.num_lanes, max_context, config.prefill_chunk, config.prefill_alone,
                           _planner(config, layout, max_context, model))

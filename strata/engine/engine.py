@@ -259,7 +259,8 @@ class Engine:
 
     # ---- views --------------------------------------------------------------------------
     def snapshot(self) -> EngineSnapshot:
-        return take_snapshot(self._scheduler, self._ring, self.retry_after(), self._kv.bytes_per_cell)
+        return take_snapshot(self._scheduler, self._ring, self.retry_after(), self._kv.bytes_per_cell,
+                             getattr(self._model, "bank", None))
 
     def picture(self, step: int) -> PoolPicture:
         """The Monitor's picture of every chunk, lane and parked conversation (`step`: its number)."""

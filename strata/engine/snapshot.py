@@ -44,6 +44,7 @@ class EngineSnapshot:
     bytes_per_cell: int  # K and V of one position across all layers
     ring: dict | None = None  # --kv-resident: the ring's counters (KVRing.stats)
     spec: SpecCounters | None = None  # --spec: drafts over every request (a copy)
+    moe: dict | None = None  # --moe-resident / --device-memory: the expert cache's counters (CachedBank.stats)
 
     @property
     def usage_ratio(self) -> float:
@@ -56,7 +57,8 @@ class EngineSnapshot:
         return self.pool.num_chunks_held * self.pool.chunk_size * self.bytes_per_cell
 
 
-def take_snapshot(scheduler: Scheduler, ring: KVRing | None, retry_after: int, bytes_per_cell: int) -> EngineSnapshot:
+def take_snapshot(scheduler: Scheduler, ring: KVRing | None, retry_after: int, bytes_per_cell: int,
+                  bank=None) -> EngineSnapshot:
     """Call where the scheduler is not changing (the thread that steps the engine)."""
     stats = scheduler.stats()
     active: set[int] = set()
@@ -94,6 +96,7 @@ def take_snapshot(scheduler: Scheduler, ring: KVRing | None, retry_after: int, b
         bytes_per_cell=bytes_per_cell,
         ring=ring.stats() if ring is not None else None,
         spec=dataclasses.replace(scheduler.drafts.counters) if scheduler.drafts is not None else None,
+        moe=bank.stats() if hasattr(bank, "stats") else None,
     )
 
 

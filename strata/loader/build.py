@@ -12,10 +12,12 @@ from strata.errors import LoaderError
 from strata.loader import ModelSource
 from strata.models.gemma3 import Gemma3Model
 from strata.models.llama import LlamaModel
+from strata.models.moe_model import MoeModel
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # ModelConfig.arch -> its model family's class (the rest: the Llama family).
-FAMILIES = {"gemma3_text": Gemma3Model}
+FAMILIES = {"gemma3_text": Gemma3Model, "mixtral": MoeModel, "qwen2_moe": MoeModel, "qwen3_moe": MoeModel,
+            "olmoe": MoeModel}
 
 
 def split_layers(num_layers: int, devices: Sequence[str]) -> list[torch.device]:

@@ -19,6 +19,7 @@ from gguf.quants import dequantize
 
 from strata.errors import LoaderError
 from strata.loader.gguf_file import GGUF_ARCHES, field_value, hf_name
+from strata.loader.gguf_moe import REFUSED_MOE_ARCHES, missing_experts, moe_required
 from strata.models.config import ModelConfig
 from strata.models.quant import KERNEL_TYPES
 
@@ -26,8 +27,9 @@ FLOAT_TYPES = frozenset({QT.F32, QT.F16, QT.BF16})
 # tokenizer.ggml.model values the tokenizer builds: byte-level BPE ('gpt2'), SentencePiece ('llama').
 TOKENIZER_KINDS = ("gpt2", "llama")
 # GGUF names every layer needs, and the top-level ones (output.weight unless tied).
-LAYER_REQUIRED = ("attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
-                  "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
+ATTENTION_REQUIRED = ("attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
+                      "ffn_norm.weight")
+LAYER_REQUIRED = ATTENTION_REQUIRED + ("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
 TOP_REQUIRED = ("token_embd.weight", "output_norm.weight")
 # and the ones a family needs beyond them
 LAYER_REQUIRED_BY_ARCH = {"gemma3_text": ("post_attention_norm.weight", "post_ffw_norm.weight",
@@ -86,6 +88,9 @@ def check_architecture(reader: GGUFReader, path: str) -> str:
     arch = field_value(reader, "general.architecture")
     if arch is None:
         raise LoaderError(f"{path}: GGUF metadata 'general.architecture' is missing")
+    if arch in REFUSED_MOE_ARCHES:
+        raise LoaderError(f"{path}: architecture {arch!r} is a mixture of experts strata does not run (its "
+                          "mixtures of experts: llama with experts (Mixtral), qwen2moe, qwen3moe, olmoe)")
     if arch not in GGUF_ARCHES:
         raise LoaderError(f"{path}: architecture {arch!r} is not supported (strata runs {', '.join(GGUF_ARCHES)})")
     return arch
@@ -106,8 +111,16 @@ def check_tensor_names(reader: GGUFReader, path: str, cfg: ModelConfig) -> None:
         if hf_name(t.name, cfg.arch) is None:
             raise LoaderError(f"{path}: unexpected tensor {t.name!r} for architecture {cfg.arch}")
     required = list(TOP_REQUIRED) + ([] if cfg.tie_embeddings else ["output.weight"])
-    layer_required = LAYER_REQUIRED + LAYER_REQUIRED_BY_ARCH.get(cfg.arch, ())
-    required += [f"blk.{i}.{n}" for i in range(cfg.num_layers) for n in layer_required]
+    extra = LAYER_REQUIRED_BY_ARCH.get(cfg.arch, ())
+    for i in range(cfg.num_layers):
+        if cfg.is_moe_layer(i):
+            required += [f"blk.{i}.{n}" for n in ATTENTION_REQUIRED + extra + moe_required(cfg)]
+            if (name := missing_experts(names, cfg, i)) is not None:
+                raise LoaderError(f"{path}: tensor {name!r} (layer {i}'s experts) is missing")
+        elif f"blk.{i}.ffn_gate_exps.weight" in names:  # experts without a router
+            raise LoaderError(f"{path}: tensor 'blk.{i}.ffn_gate_inp.weight' (layer {i}'s router) is missing")
+        else:
+            required += [f"blk.{i}.{n}" for n in LAYER_REQUIRED + extra]
     for name in required:
         if name not in names:
             raise LoaderError(f"{path}: tensor {name!r} ({hf_name(name, cfg.arch)}) is missing")

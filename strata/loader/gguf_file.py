@@ -14,10 +14,12 @@ from gguf import GGMLQuantizationType, GGUFReader
 from gguf.constants import GGML_QUANT_SIZES
 
 from strata.errors import LoaderError
-from strata.models.config import ModelConfig
+from strata.models.config import MOE_ARCHITECTURES, ModelConfig
 
 # GGUF architecture -> Hugging Face model_type.
-GGUF_ARCHES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
+# (`llama` with experts is Mixtral: loader/gguf_moe.py.)
+GGUF_ARCHES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text",
+               "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "olmoe": "olmoe"}
 
 # GGUF tensor name -> Hugging Face name; `{i}` is the layer index.
 TOP_NAMES = {
@@ -58,7 +60,7 @@ GEMMA3_LOCAL_THETA = 10_000.0
 # GGML type ids gguf-py can lay out (an enum value with a block size).
 _KNOWN_TYPE_IDS = frozenset(int(q) for q in GGMLQuantizationType if q in GGML_QUANT_SIZES)
 # llama.cpp's rotary layout for these arches stores q/k rows permuted; undo it on load.
-PERMUTED_QK_ARCHES = frozenset({"llama", "mistral"})
+PERMUTED_QK_ARCHES = frozenset({"llama", "mistral", "mixtral"})
 
 
 class _PastEnd(Exception):
@@ -164,12 +166,20 @@ def gguf_model_config(reader: GGUFReader, path: str, eos_token_ids: tuple[int, .
         raise LoaderError(f"{path}: rope scaling {scaling_type!r} is not supported")
     num_layers = int(_require(reader, f"{a}.block_count", path))
     family = gemma3_fields(reader, num_layers, head_dim) if gguf_arch == "gemma3" else {}
+    from strata.loader.gguf_moe import moe_arch, moe_config_fields  # it imports this module
+
+    arch = moe_arch(reader, gguf_arch) or GGUF_ARCHES[gguf_arch]
+    if arch in MOE_ARCHITECTURES:
+        family = moe_config_fields(reader, gguf_arch, arch, num_layers, path)
+    ffn = field_value(reader, f"{a}.feed_forward_length")
+    if ffn is None and not family.get("num_experts"):
+        ffn = _require(reader, f"{a}.feed_forward_length", path)
     return ModelConfig(
         **family,
-        arch=GGUF_ARCHES[gguf_arch],
+        arch=arch,
         vocab_size=int(vocab),
         hidden_size=hidden,
-        intermediate_size=int(_require(reader, f"{a}.feed_forward_length", path)),
+        intermediate_size=int(ffn if ffn is not None else family["expert_intermediate_size"]),
         num_layers=num_layers,
         num_heads=num_heads,
         num_kv_heads=num_kv_heads,
@@ -195,8 +205,15 @@ def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
         return "rope_freqs"  # llama3-style per-frequency factors, kept as their own tensor
     names = LAYER_NAMES_BY_ARCH.get(arch, LAYER_NAMES)
     parts = gguf_name.split(".", 2)
-    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in names:
+    if len(parts) != 3 or parts[0] != "blk" or not parts[1].isdigit():
+        return None
+    if parts[2] in names:
         return f"model.layers.{parts[1]}.{names[parts[2]]}"
+    if arch in MOE_ARCHITECTURES:
+        from strata.loader.gguf_moe import moe_layer_name  # it imports this module
+
+        rest = moe_layer_name(parts[2])
+        return None if rest is None else f"model.layers.{parts[1]}.{rest}"
     return None
 
 

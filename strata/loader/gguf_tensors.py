@@ -8,6 +8,9 @@
 Quantized bytes are read from the file with plain reads, not through gguf-py's memory map:
 mapped pages count in the process's RSS beside the copy. llama-arch q/k rows are stored
 permuted for llama.cpp's rotary layout (gguf_file.unpermute_qk): whole rows move, bytes intact.
+A MoE layer's stacked experts [E, out, in] (loader/gguf_moe.py) are read once and yielded as
+one expert's tensor each: the quantized ones as views of the stacked bytes (expert e's rows
+e * out .. (e + 1) * out - 1), nothing copied.
 """
 
 from __future__ import annotations
@@ -64,6 +67,9 @@ def iter_gguf_tensors(reader: GGUFReader, cfg: ModelConfig, path: str, weights: 
             assert name is not None, t.name
             shape = tuple(int(d) for d in reversed(t.shape.tolist()))
             heads = permuted_heads(cfg, name)
+            if "{e}" in name:
+                yield from _stacked_experts(f, t, name, shape, path, weights, dtype)
+                continue
             if t.tensor_type in KERNEL_TYPES and len(shape) == 2:
                 qw = QuantWeight(read_raw(f, int(t.data_offset), int(t.n_bytes), path, t.name).view(shape[0], -1),
                                  int(t.tensor_type), shape[1])
@@ -84,3 +90,29 @@ def iter_gguf_tensors(reader: GGUFReader, cfg: ModelConfig, path: str, weights: 
             if cfg.arch in NORM_PLUS_ONE_ARCHES and name.endswith("norm.weight"):
                 tensor = tensor - 1.0  # the file's 1 + w -> HF's w (models/gemma3.py adds the 1)
             yield name, tensor if heads is None else unpermute_qk(tensor, heads)
+
+
+def _stacked_experts(f, t, name: str, shape: tuple[int, ...], path: str, weights: str,
+                     dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor | QuantWeight]]:
+    """One tensor per expert of the stacked `t` [E, out, in]; `name` has "{e}" for the expert."""
+    if len(shape) != 3:
+        raise LoaderError(f"{path}: tensor {t.name!r} has shape {shape}, not [experts, out, in]")
+    n, out, cols = shape
+    if t.tensor_type in KERNEL_TYPES:
+        raw = read_raw(f, int(t.data_offset), int(t.n_bytes), path, t.name).view(n * out, -1)
+        for e in range(n):
+            qw = QuantWeight(raw[e * out:(e + 1) * out], int(t.tensor_type), cols)
+            if weights != "native":
+                yield name.format(e=e), qw.dequantize(dtype)
+            if weights != "dense":
+                yield name.format(e=e) + ".quant", qw
+        return
+    try:
+        data = dequantize(np.asarray(t.data), t.tensor_type)
+    except Exception as exc:
+        raise LoaderError(f"{path}: tensor {t.name!r} is unreadable ({exc})") from exc
+    if int(np.prod(shape)) != data.size:
+        raise LoaderError(f"{path}: tensor {t.name!r} holds {data.size} values, shape says {shape}")
+    stacked = torch.from_numpy(np.array(data, dtype=np.float32)).reshape(shape)  # owned copy
+    for e in range(n):
+        yield name.format(e=e), stacked[e]

@@ -11,7 +11,8 @@ from safetensors import safe_open
 
 from strata.errors import LoaderError
 from strata.loader.hf_families import gemma3_fields, layer_windows
-from strata.models.config import ARCHITECTURES, ModelConfig
+from strata.loader.hf_moe import moe_fields, moe_tensors
+from strata.models.config import ARCHITECTURES, MOE_ARCHITECTURES, ModelConfig
 
 
 def _read_json(path: str) -> dict:
@@ -76,6 +77,8 @@ def hf_model_config(model_dir: str) -> ModelConfig:
             eos_token_ids=eos_ids,
             name=os.path.basename(os.path.normpath(model_dir)),
         )
+        if arch in MOE_ARCHITECTURES:
+            family = moe_fields(arch, cfg, num_layers, path)
         return ModelConfig(**{**fields, **family})
     except KeyError as exc:
         raise LoaderError(f"{path}: required field {exc.args[0]!r} is missing") from exc
@@ -102,7 +105,7 @@ def iter_hf_tensors(model_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
         try:
             with safe_open(path, framework="pt") as f:
                 for name in f.keys():  # noqa: SIM118 (safe_open is not iterable)
-                    yield name, f.get_tensor(name).to(torch.float32)
+                    yield from moe_tensors(name, f.get_tensor(name).to(torch.float32))
         except LoaderError:
             raise
         except Exception as exc:

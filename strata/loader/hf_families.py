@@ -19,13 +19,13 @@ def layer_windows(arch: str, cfg: dict, num_layers: int, path: str) -> tuple[int
     window = cfg.get("sliding_window")
     if arch == "gemma3_text" and "sliding_window" not in cfg:
         window = GEMMA3_DEFAULTS["sliding_window"]
-    if arch in ("qwen2", "qwen3") and not cfg.get("use_sliding_window", False):
+    if arch in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe") and not cfg.get("use_sliding_window", False):
         window = None  # transformers drops the window unless use_sliding_window is set
-    if arch == "llama" or window is None:
+    if arch in ("llama", "olmoe") or window is None:
         return ()
     if not isinstance(window, int) or window < 1:
         raise LoaderError(f"{path}: sliding_window {window!r} is not a positive integer")
-    if arch == "mistral":
+    if arch in ("mistral", "mixtral"):
         return (window,) * num_layers
     types = cfg.get("layer_types")
     if types is None and arch == "gemma3_text":

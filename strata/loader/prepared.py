@@ -42,7 +42,8 @@ log = logging.getLogger("strata.loader")
 FORMAT = 2  # bump when what an entry holds changes shape
 MAX_ENTRIES = 4
 # The modules whose classes an entry pickles: their source is part of the key.
-_PICKLED_MODULES = ("head.py", "layers.py", "linear.py", "llama.py", "config.py", "quant.py", "q4.py")
+_PICKLED_MODULES = ("head.py", "layers.py", "linear.py", "llama.py", "config.py", "quant.py", "q4.py",
+                    "gemma3.py", "moe_block.py", "moe_model.py", "../moe/experts.py")
 
 
 @dataclass

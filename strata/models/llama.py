@@ -1,5 +1,6 @@
 """The Llama family: Llama 2/3, SmolLM2, Mistral, Qwen2/2.5 (q/k/v bias), Qwen3 (q/k norm);
-sliding windows (Mistral, Qwen2) per layer, from `cfg.layer_windows`.
+sliding windows (Mistral, Qwen2) per layer, from `cfg.layer_windows`. Its mixture-of-experts
+relatives (models/moe_model.py) replace the MLP of some layers (`DecoderLayer.init_mlp`, `ffn`).
 
 Weights arrive under their Hugging Face names; each layer fuses q/k/v and gate/up into
 one projection, so every linear layer runs once per step for all lanes together.
@@ -57,14 +58,27 @@ class DecoderLayer:
         self.qkv = linear([f"self_attn.{p}_proj.weight" for p in "qkv"], biases)
         o_bias = layer_name(i, "self_attn.o_proj.bias")
         self.o = linear(["self_attn.o_proj.weight"], [o_bias] if o_bias in w else None)
-        self.gate_up = linear([f"mlp.{p}_proj.weight" for p in ("gate", "up")], None)
-        self.down = linear(["mlp.down_proj.weight"], None)
+        self.init_mlp(w, i, weight_mode)
         self.q_norm = self.k_norm = None
         if cfg.qk_norm:
             self.q_norm = RMSNorm(get("self_attn.q_norm.weight"), cfg.rms_norm_eps)
             self.k_norm = RMSNorm(get("self_attn.k_norm.weight"), cfg.rms_norm_eps)
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
+
+    def init_mlp(self, w: MutableMapping[str, torch.Tensor | QuantWeight], i: int, weight_mode: str) -> None:
+        """The MLP's projections, taken out of `w` (a MoE layer overrides this and `ffn`)."""
+        norm = self.input_norm.weight
+        self.gate_up = fused_linear(w, [layer_name(i, f"mlp.{p}_proj.weight") for p in ("gate", "up")], None,
+                                    weight_mode, norm.dtype, norm.device)
+        self.down = fused_linear(w, [layer_name(i, "mlp.down_proj.weight")], None, weight_mode, norm.dtype, norm.device)
+
+    def ffn(self, h: torch.Tensor, ops=None, bank=None, kinds: RowKinds | None = None) -> torch.Tensor:
+        """h [tokens, hidden] (post-attention normed) -> the MLP's output [tokens, hidden]."""
+        return self.down(silu_mul(self.gate_up(h, kinds), ops), kinds)  # gate_up [tokens, 2 intermediate]
+
+    def projections(self) -> list:
+        return [self.qkv, self.o, self.gate_up, self.down]
 
     def __call__(
         self,
@@ -75,6 +89,7 @@ class DecoderLayer:
         v_cache: Cells,
         meta: AttentionMeta,
         ops=None,  # the fused decode ops (models/fused.py), or None: torch ops
+        bank=None,  # where MoE layers run their experts (moe/bank.py ExpertBank), or None
         kinds: RowKinds | None = None,  # which rows are decode rows (models/rows.py); None: all
     ) -> torch.Tensor:
         cfg = self.cfg
@@ -90,7 +105,7 @@ class DecoderLayer:
         else:
             a = attend(*self._rotated(qkv, cos, sin), k_cache, v_cache, meta)
         x, h = self.post_norm.add_and_norm(x, self.o(a, kinds), ops)
-        return x + self.down(silu_mul(self.gate_up(h, kinds), ops), kinds)  # gate_up [tokens, 2 inter]
+        return x + self.ffn(h, ops, bank, kinds)
 
     def _rotated(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """q [t, heads, dim], k and v [t, kv_heads, dim] of the projection, q and k rotated."""
@@ -98,7 +113,10 @@ class DecoderLayer:
         t = qkv.shape[0]
         q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
         v = v.view(t, cfg.num_kv_heads, cfg.head_dim)
-        if self.q_norm is not None:
+        if self.q_norm is not None and cfg.qk_norm_full:  # OLMoE: each norm spans all heads
+            q = apply_rotary(self.q_norm(q).view(t, cfg.num_heads, cfg.head_dim), cos, sin)
+            k = apply_rotary(self.k_norm(k).view(t, cfg.num_kv_heads, cfg.head_dim), cos, sin)
+        elif self.q_norm is not None:
             q = apply_rotary(self.q_norm(q.view(t, cfg.num_heads, cfg.head_dim)), cos, sin)
             k = apply_rotary(self.k_norm(k.view(t, cfg.num_kv_heads, cfg.head_dim)), cos, sin)
         else:  # q and k side by side: one rotation for both
@@ -149,25 +167,29 @@ class LlamaModel:
         and (`fused`) the fused decode ops where every layer is on the CPU (else None: torch ops)."""
         self.rotary = {d: Rotary(self.inv_freq, max_positions, self.dtype, d) for d in self.devices}
         self.ops = load_decode_ops(fused) if all(d.type == "cpu" for d in self.devices) else None
+        self.bank = None  # where MoE layers run their experts (moe/bank.py; MoeModel sets it)
 
     @property
     def quant_max_rows(self) -> int | None:
         """The most rows a step may have for every projection to read its 4-bit form (auto:
         its dense copy beyond); None where some projection has no 4-bit form, or every step
         reads it (native)."""
-        limits = [lin.max_rows for layer in self.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        limits = [lin.max_rows for lin in self.projections()]
         return None if any(m is None for m in limits) else min(limits)
+
+    def projections(self) -> list:
+        """Every projection a step runs (a MoE model adds its experts')."""
+        return [lin for layer in self.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
 
     @property
     def weight_forms(self) -> dict[str, int]:
         """How many projections read each form at decode rows: "int4" (torch's int4 kernel),
         "quant" (strata's kernels, the file's blocks), "dense" (prompt rows always are)."""
         forms: dict[str, int] = {}
-        for layer in self.layers:
-            for lin in (layer.qkv, layer.o, layer.gate_up, layer.down):
-                for run in getattr(lin, "runs", [lin]):
-                    form = "int4" if run.int4 is not None else "quant" if run.quant is not None else "dense"
-                    forms[form] = forms.get(form, 0) + 1
+        for lin in self.projections():
+            for run in getattr(lin, "runs", [lin]):
+                form = "int4" if run.int4 is not None else "quant" if run.quant is not None else "dense"
+                forms[form] = forms.get(form, 0) + 1
         head = type(self.lm_head).__name__
         forms["head"] = {"Int8Head": "int8", "QuantHead": "quant"}.get(head, "dense")
         return forms
@@ -186,7 +208,7 @@ class LlamaModel:
 
     def __getstate__(self) -> dict:
         """Pickled as weights only (see loader/prepared.py): `prepare_runtime` remakes the rest."""
-        return {k: v for k, v in self.__dict__.items() if k not in ("rotary", "ops")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("rotary", "ops", "bank")}
 
     def forward(
         self,
@@ -208,6 +230,6 @@ class LlamaModel:
             if x.device != dev:
                 x = x.to(dev, non_blocking=True)
             cos, sin = tables[dev]
-            x = layer(x, cos, sin, *kv.layer_caches(i), metas[dev][self.cfg.window(i)], self.ops, kinds)
+            x = layer(x, cos, sin, *kv.layer_caches(i), metas[dev][self.cfg.window(i)], self.ops, self.bank, kinds)
         x = self.norm(x.index_select(0, logits_rows), self.ops)
         return self.lm_head(x, kinds).float()

@@ -14,6 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from strata.server.kv_metrics import ring_metrics, spec_metrics
+from strata.server.moe_metrics import moe_metrics
 from strata.engine.interface import EngineSnapshot, RequestOutput
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -128,6 +129,7 @@ class PoolCollector(Collector):
         )
         yield from ring_metrics(snap)
         yield from spec_metrics(snap)
+        yield from moe_metrics(snap)
 
 
 class ServerMetrics:

@@ -201,6 +201,14 @@ class SlotSpec(BaseModel):
     k: int = Field(..., description="drafts the lane proposes next step (adaptive, 0: none)")
 
 
+class SlotMoE(BaseModel):
+    expert_slots: int = Field(..., description="expert slots per MoE layer now (--moe-resident, --device-memory)")
+    hit_ratio: float = Field(..., description="expert runs from a slot / expert runs, every lane since start")
+    bytes_copied_per_token: float = Field(..., description="expert bytes copied per token computed")
+    budget_ring_cells: int | None = Field(None, description="with --device-memory: the ring the budget granted "
+                                                            "this lane's request (none while it holds none)")
+
+
 class Slot(BaseModel):
     id: int
     state: Literal["empty", "idle", "prefilling", "decoding"]
@@ -213,6 +221,8 @@ class Slot(BaseModel):
     output_tokens: int | None = None
     ring: SlotRing | None = Field(None, description="with --kv-resident: the lane's ring, for its last request")
     spec: SlotSpec | None = Field(None, description="with --spec: the running request's drafts")
+    moe: SlotMoE | None = Field(None, description="with the expert cache: the shared cache and this lane's "
+                                                  "share of the device budget")
 
 
 class ErrorBody(BaseModel):

@@ -133,6 +133,14 @@ async def metrics(request: Request) -> Response:
     return Response(state_of(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
+def _slot_moe(moe: dict | None, lane: int) -> dict | None:
+    if moe is None:
+        return None
+    rings = (moe["budget"] or {}).get("ring_cells", {})
+    return {"expert_slots": moe["resident"], "hit_ratio": moe["hit_ratio"],
+            "bytes_copied_per_token": moe["bytes_copied_per_token"], "budget_ring_cells": rings.get(str(lane))}
+
+
 @router.get("/slots", response_model=list[Slot], responses=ERRORS)
 async def slots(request: Request) -> JSONResponse:
     """Each lane: its state, conversation length and chunks held."""
@@ -154,6 +162,7 @@ async def slots(request: Request) -> JSONResponse:
             output_tokens=lane.num_output_tokens,
             ring=lane.ring,
             spec=lane.spec,
+            moe=_slot_moe(snap.moe, lane.index),
         ).model_dump()
         for lane in snap.lanes
     ]

@@ -40,8 +40,10 @@ QUICK = {
     "flood": ([], ["flood.json", "flood.png"], ["the save answered 409 directory_missing"]),
     "cluster": (["--port", "{port}"], ["cluster.json", "cluster.png"], []),
     "grammar": ([], ["grammar.json", "grammar.png"], ["schema compile"]),
+    "moe": ([], ["moe-quick.json", "moe-quick.png"], ["--quick: strata's arms only"]),
+    "moe_cache": ([], ["moe_cache.json", "moe_cache.png"], ["policy by measurement", "x Belady bytes"]),
 }
-# Not a Python benchmark: ring_cuda.sh runs the ring's tests on a CUDA machine.
+# Not Python benchmarks: ring_cuda.sh and moe_cuda.sh run the ring's and the expert cache's tests on a CUDA machine.
 NOT_BENCHMARKS = {"__init__.py", "common.py"}
 
 

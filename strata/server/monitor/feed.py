@@ -5,6 +5,8 @@ Each frame is one JSON object:
 - `events`: pool events (`watch.PoolEvent`) not sent before, oldest first;
 - `samples`: machine and server samples (`history.Sample`) not sent before (the first
   frame carries the whole history);
+- `moe`: the expert cache's counters and the device budget's split (CachedBank.stats), when
+  the engine has an expert cache and they changed since the last frame;
 - `model`, `state`: the model id and the engine loop's state.
 While a feed is open the engine thread takes a picture every step (`PoolWatch.watchers`).
 The feed ends when the engine loop stops, or as soon as `stopping()` says the server is
@@ -31,6 +33,7 @@ async def frames(
 ) -> AsyncIterator[str]:
     watch = loop.pool_watch
     last_step, last_event, last_sample = -1, 0, 0.0
+    last_moe = None
     if watch.events:
         last_event = watch.events[-1].seq  # a new feed starts with the events to come
     while loop.state in ("loading", "ready") and not stopping():
@@ -39,6 +42,11 @@ async def frames(
         if picture is not None and picture.step != last_step:
             frame["picture"] = dataclasses.asdict(picture)
             last_step = picture.step
+        snap = loop.snapshot
+        moe = snap.moe if snap is not None else None
+        if moe is not None and moe != last_moe:
+            frame["moe"] = moe
+            last_moe = moe
         events = [dataclasses.asdict(e) for e in watch.events if e.seq > last_event]
         if events:
             frame["events"] = events

@@ -64,12 +64,25 @@ export class Monitor {
   frame(frame) {
     $("monitor-status").textContent = `live · ${frame.model} · ${frame.state}`;
     if (frame.picture) this.picture(frame.picture);
+    if (frame.moe) this.moe(frame.moe);
     if (frame.events) this.events(frame.events);
     if (frame.samples) {
       this.samples.push(...frame.samples);
       this.samples.splice(0, Math.max(0, this.samples.length - HISTORY));
       this.charts();
     }
+  }
+
+  moe(m) {
+    const mib = (b) => (b / 1048576).toFixed(1);
+    const b = m.budget;
+    $("moe-summary").hidden = false;
+    $("moe-summary").textContent =
+      `experts: ${m.resident} slots per layer (${m.evict}${m.prefetch ? ", prefetch" : ""})` +
+      ` · hit ${(100 * m.hit_ratio).toFixed(0)}% · ${mib(m.bytes_copied_per_token)} MiB copied/token` +
+      ` · evictions ${m.evictions}` +
+      (b ? ` · budget ${mib(b.device_bytes)} MiB: weights ${mib(b.resident_bytes)}, experts ${mib(b.expert_bytes)},` +
+           ` rings ${mib(b.ring_bytes)}, free ${mib(b.free_bytes)}` : "");
   }
 
   picture(p) {
