@@ -37,6 +37,10 @@ def add_engine_args(
     g.add_argument("--batch", "--slots", dest="batch", type=int, default=default_batch, help="batch slots besides the main session")
     g.add_argument("--kv-chunk", type=int, default=DEFAULT_KV_CHUNK, help="cells per chunk")
     g.add_argument("--kv-pool-tokens", type=int, default=None, help="one shared pool of N cells per layer for all lanes")
+    g.add_argument("--kv-window-groups", choices=("on", "off"), default="on",
+                   help="with --kv-pool-tokens: sliding-window layers hold only their windows (docs/windows.md)")
+    g.add_argument("--kv-window-keep", type=int, default=None,
+                   help="idle conversations' windows each window group holds besides every lane's (default: one per lane)")
     g.add_argument("--kv-resident", type=int, default=None,
                    help="cells per layer each lane keeps on the compute device; the rest streams from the pool by pages")
     g.add_argument("--kv-page", type=int, default=None, help=f"cells per page of the ring (default {DEFAULT_PAGE}; divides --kv-chunk)")
@@ -66,4 +70,5 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         memory_guard_mib=args.memory_guard_mib, kv_resident=args.kv_resident, kv_page=args.kv_page,
         kv_evict=args.kv_evict, kv_ring_default=args.kv_ring_default, kv_ring_budget=args.kv_ring_budget,
         spec=args.spec, spec_k=args.spec_k, draft_model=args.draft_model,
+        kv_window_groups=args.kv_window_groups == "on", kv_window_keep=args.kv_window_keep,
     )

@@ -42,6 +42,9 @@ class LaneWork:
     # prompt + the most new tokens its request may take (sizes a ring; 0: unknown); a hint, not identity
     target_cells: int = field(default=0, compare=False)
     drafts: LaneDrafts | None = None  # a decoding lane's drafts (--spec); None: it does not draft
+    # Each windowed layer group's table (kv/groups.py, groups 1..), None where a chunk is released:
+    # the window of the lane's first new token onward is held. Empty: the model has one group.
+    window_ids: tuple[tuple[int | None, ...], ...] = ()
 
     @property
     def num_cells(self) -> int:

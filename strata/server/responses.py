@@ -201,6 +201,11 @@ class SlotSpec(BaseModel):
     k: int = Field(..., description="drafts the lane proposes next step (adaptive, 0: none)")
 
 
+class SlotWindowGroup(BaseModel):
+    window: int = Field(..., description="the cells this group's layers read behind each token")
+    chunks_held: int = Field(..., description="chunks of the group's own pool the lane's conversation holds")
+
+
 class Slot(BaseModel):
     id: int
     state: Literal["empty", "idle", "prefilling", "decoding"]
@@ -213,6 +218,8 @@ class Slot(BaseModel):
     output_tokens: int | None = None
     ring: SlotRing | None = Field(None, description="with --kv-resident: the lane's ring, for its last request")
     spec: SlotSpec | None = Field(None, description="with --spec: the running request's drafts")
+    window_groups: list[SlotWindowGroup] | None = Field(
+        None, exclude_if=_absent_if_none, description="sliding-window layer groups in a pool: each group's chunks (chunks_held is the full group's)")
 
 
 class ErrorBody(BaseModel):

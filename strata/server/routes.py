@@ -154,6 +154,8 @@ async def slots(request: Request) -> JSONResponse:
             output_tokens=lane.num_output_tokens,
             ring=lane.ring,
             spec=lane.spec,
+            window_groups=[{"window": g.window, "chunks_held": g.chunks_per_lane[lane.index]}
+                           for g in snap.pool.groups] or None,
         ).model_dump()
         for lane in snap.lanes
     ]
