@@ -6,7 +6,7 @@ Two arms, both `--kv-pool-tokens`, both engines in this process, timed parts int
 Parts: (1) K/V held by one conversation at each length; (2) how many conversations of the
 longest length fit in one byte budget (4 of them without groups) before one gives way; (3) decode
 tok/s and follow-up TTFT at that length (a short turn prefilled for real on top); (4) a branch
-from the turn's start (a checkpoint): with its window kept, then with it given way (recomputed).
+from a checkpoint half a context back: with its window kept, then with it given way (recomputed).
 Long contexts are SYNTHETIC K/V written through each group's own table (Engine.restore), as
 benchmarks/pool.py does; the turns and the branch are prefilled for real.
 """
@@ -133,7 +133,7 @@ def count_fits(e, ctx: int) -> int:
 
 def timed_part(model, ctx, chunk, threads, new, rounds) -> dict:
     """Decode tok/s and follow-up TTFT on a synthetic conversation of `ctx` cells, then a branch from
-    the turn's start with its window kept and given way; both arms, rounds interleaved."""
+    a checkpoint half a context back with its window kept and given way; both arms, rounds interleaved."""
     from strata.sampling import SamplingParams
 
     engines = {arm: engine(model, arm, ctx + 1024, chunk, 2 * (ctx + 1024), 1, threads) for arm in ("keep", "groups")}
@@ -146,7 +146,8 @@ def timed_part(model, ctx, chunk, threads, new, rounds) -> dict:
             e = engines[arm]
             e._scheduler.clear_cache()
             base = [100 + (i * 7919) % 20000 for i in range(ctx)]
-            conv = e.restore(base, [0])
+            early = ctx // 2  # an early checkpoint: its window is kept (restored with the conversation)
+            conv = e.restore(base, [0, early])
             fill(e, conv.table, ctx)
             row = {"follow_ttft_s": None}
             params = SamplingParams(temperature=0, max_tokens=new, ignore_eos=True)
@@ -165,16 +166,18 @@ def timed_part(model, ctx, chunk, threads, new, rounds) -> dict:
             row["decode_tok_s"] = 1 / statistics.median(steps)
             tokens_out[arm].append(out)
             one = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
-            # a branch from the turn's start (position ctx, a checkpoint): its window kept ...
+            # a branch from the early checkpoint, half a context back: its window kept ...
             before, t0 = e._scheduler.counters.num_cached_tokens, time.perf_counter()
-            e_generate(e, base + branch, one)
+            e_generate(e, base[:early] + branch, one)
             row["branch_kept_s"] = time.perf_counter() - t0
             row["branch_kept_cached"] = e._scheduler.counters.num_cached_tokens - before
             if arm == "groups" and r == 0:  # ... and given way (keep-everything never gives it way)
+                lanes = e._scheduler.lanes
+                lanes.evict(tuple(c for c in lanes.cache.idle_lru() if c.num_cells < ctx))  # the first branch
                 for c in e._scheduler.cache:
                     e._layout.drop_kept_windows(c.table)
                 before, t0 = e._scheduler.counters.num_cached_tokens, time.perf_counter()
-                e_generate(e, base + branch2, one)
+                e_generate(e, base[:early] + branch2, one)
                 row["branch_given_way_s"] = time.perf_counter() - t0
                 row["branch_given_way_cached"] = e._scheduler.counters.num_cached_tokens - before
             raw[arm].append(row)

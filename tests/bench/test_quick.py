@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from tests.conftest import require, require_default_model
+from tests.conftest import require, require_default_model, require_gemma3_file
 from tests.ports import held_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -40,6 +40,7 @@ QUICK = {
     "flood": ([], ["flood.json", "flood.png"], ["the save answered 409 directory_missing"]),
     "cluster": (["--port", "{port}"], ["cluster.json", "cluster.png"], []),
     "grammar": ([], ["grammar.json", "grammar.png"], ["schema compile"]),
+    "window": ([], ["window-quick.json", "window-quick.png"], ["groups / keep:", "SYNTHETIC"]),
 }
 # Not a Python benchmark: ring_cuda.sh runs the ring's tests on a CUDA machine.
 NOT_BENCHMARKS = {"__init__.py", "common.py"}
@@ -57,6 +58,8 @@ def test_quick_run_writes_its_files_and_prints_its_table(name, tmp_path):
     require("matplotlib")
     if name == "cluster":
         require("ray.serve")
+    if name == "window":  # Gemma 3 270M's sliding-window geometry
+        require_gemma3_file()
     args, files, says = QUICK[name]
     out = tmp_path / name
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
