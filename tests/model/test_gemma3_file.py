@@ -90,7 +90,7 @@ def test_strata_generate_answers_like_transformers(gemma3, gemma3_path, raw):
 
 
 def several_windows() -> str:
-    """About 1700 tokens: the long text three times over, each time numbered apart."""
+    """About 2060 tokens: the long text three times over, each time numbered apart."""
     return " ".join(f"Part {n}. {long_text()}" for n in ("one", "two", "three"))
 
 
@@ -99,7 +99,7 @@ def test_layer_groups_answer_like_keep_everything_and_transformers(gemma3):
     only its window, docs/windows.md) gives the tokens of the reserved layout, which keeps every
     cell, and of transformers; the windowed group never held more than its bound."""
     ref, _ = gemma3
-    ctx, chunk = 2048, 128
+    ctx, chunk = 2560, 128
     grouped = LLM(model=gemma3[1].engine.config.model, dtype="float32",
                   max_context=ctx, batch=0, kv_pool_tokens=ctx + chunk, kv_chunk=chunk, progress=False)
     keep = LLM(model=gemma3[1].engine.config.model, dtype="float32", max_context=ctx, batch=0,
