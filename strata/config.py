@@ -43,6 +43,11 @@ class EngineConfig:
     batch: int = 0
     kv_chunk: int = DEFAULT_KV_CHUNK
     kv_pool_tokens: int | None = None
+    # Idle conversations whose windows each windowed layer group holds besides every lane's
+    # (kv/groups.py; None: one per lane); more give way, least recently used first
+    kv_window_keep: int | None = None
+    # With --kv-pool-tokens: sliding-window layers in their own groups, holding only their windows
+    kv_window_groups: bool = True
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
     prefill_alone: int | None = None  # prompt tokens per step when no lane decodes (None: prefill_chunk)
     devices: tuple[str, ...] = ("cpu",)
@@ -229,6 +234,10 @@ def validate(cfg: EngineConfig) -> None:
         raise ConfigError("--spec draft needs --draft-model PATH (a smaller model with the same tokenizer)")
     if cfg.draft_model is not None and cfg.spec != "draft":
         raise ConfigError("--draft-model is used only with --spec draft")
+    if not isinstance(cfg.kv_window_groups, bool):
+        raise ConfigError(f"--kv-window-groups must be on or off, got {cfg.kv_window_groups!r}")
+    if cfg.kv_window_keep is not None:
+        _positive_int(cfg.kv_window_keep, "--kv-window-keep", minimum=0)
     if cfg.kv_pool_tokens is not None:
         _positive_int(cfg.kv_pool_tokens, "--kv-pool-tokens")
         if cfg.max_context is not None:

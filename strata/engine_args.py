@@ -38,6 +38,10 @@ def add_engine_args(
     g.add_argument("--batch", "--slots", dest="batch", type=int, default=default_batch, help="batch slots besides the main session")
     g.add_argument("--kv-chunk", type=int, default=DEFAULT_KV_CHUNK, help="cells per chunk")
     g.add_argument("--kv-pool-tokens", type=int, default=None, help="one shared pool of N cells per layer for all lanes")
+    g.add_argument("--kv-window-groups", choices=("on", "off"), default="on",
+                   help="with --kv-pool-tokens: sliding-window layers hold only their windows (docs/windows.md)")
+    g.add_argument("--kv-window-keep", type=int, default=None,
+                   help="idle conversations' windows each window group holds besides every lane's (default: one per lane)")
     g.add_argument("--kv-resident", type=int, default=None,
                    help="cells per layer each lane keeps on the compute device; the rest streams from the pool by pages")
     g.add_argument("--kv-page", type=int, default=None, help=f"cells per page of the ring (default {DEFAULT_PAGE}; divides --kv-chunk)")
@@ -79,4 +83,5 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         spec=args.spec, spec_k=args.spec_k, draft_model=args.draft_model,
         moe_resident=args.moe_resident, moe_evict=args.moe_evict, moe_prefetch=args.moe_prefetch,
         device_memory=args.device_memory, moe_resident_min=args.moe_resident_min,
+        kv_window_groups=args.kv_window_groups == "on", kv_window_keep=args.kv_window_keep,
     )

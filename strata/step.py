@@ -46,6 +46,9 @@ class LaneWork:
     # prompt path (dense projections and head, prefill attention) whether or not a prefix was
     # cached; else they are a decoding lane's (its pending token, drafts, a draft model's feed)
     prompt: bool = False
+    # Each windowed layer group's table (kv/groups.py, groups 1..), None where a chunk is released:
+    # the window of the lane's first new token onward is held. Empty: the model has one group.
+    window_ids: tuple[tuple[int | None, ...], ...] = ()
 
     @property
     def num_cells(self) -> int:

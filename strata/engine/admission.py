@@ -118,6 +118,8 @@ def plan_admission(prompt_ids: list[int], lanes: Lanes) -> AdmissionPlan | NoRoo
     num_prompt = len(prompt_ids)
     source, num_shared = lanes.cache.longest_prefix(prompt_ids)
     num_shared = min(num_shared, num_prompt - 1)  # at least one token is fed to get logits
+    if source is not None:  # windowed groups go on only where they hold the window (kv/groups.py)
+        num_shared = lanes.layout.reusable(source.table, num_shared)
     if source is None or num_shared == 0:
         return _plan(Reuse.NONE, None, 0, num_prompt, lanes)
     reuse = Reuse.EXTEND if not source.is_active and num_shared == source.num_cells else Reuse.FORK

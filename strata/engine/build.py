@@ -17,6 +17,7 @@ from strata.drafting.draft_model import check_draft_vocab, load_draft_model
 from strata.drafting.planner import DraftPlanner, ModelPlanner, NgramPlanner
 from strata.engine.memory import MemoryPlan, check_memory
 from strata.engine.scheduler import Scheduler
+from strata.kv.groups import LayerGroup, layer_groups, window_pool_chunks
 from strata.kv.layout import KVLayout, PooledLayout
 from strata.kv.reserve import ReservedLayout
 from strata.kv.ring_rule import round_up
@@ -55,11 +56,37 @@ def num_weight_params(cfg: ModelConfig) -> int:
     return embed * (1 if cfg.tie_embeddings else 2) + sum(attention + cfg.mlp_params(i) for i in range(cfg.num_layers))
 
 
-def make_layout(config: EngineConfig, max_context: int) -> KVLayout:
+def kv_groups(config: EngineConfig, cfg: ModelConfig) -> tuple[LayerGroup, ...]:
+    """The model's layer groups where the layout keeps them apart (kv/groups.py): pooled, with
+    windows, no ring (the ring streams one table) and `--kv-window-groups on`; else one group of
+    every layer."""
+    if (config.kv_pool_tokens is None or config.kv_resident is not None or not cfg.windows
+            or not config.kv_window_groups):
+        return (LayerGroup(None, tuple(range(cfg.num_layers))),)
+    return layer_groups(cfg.layer_windows, cfg.num_layers)
+
+
+def step_cells(config: EngineConfig) -> int:
+    """The most cells one lane writes in a step: a prefill piece, or a pending token and its drafts."""
+    return max(config.prefill_chunk, config.prefill_alone or 0, 1 + (config.spec_k if config.spec != "off" else 0))
+
+
+def make_layout(config: EngineConfig, max_context: int, groups: tuple[LayerGroup, ...] = ()) -> KVLayout:
     if config.kv_pool_tokens is not None:
         check_pool_covers_context(config.kv_pool_tokens, max_context, config.kv_chunk)
-        return PooledLayout(config.kv_pool_tokens // config.kv_chunk, config.kv_chunk)
+        parked = config.num_lanes if config.kv_window_keep is None else config.kv_window_keep
+        windows = [(g.window, window_pool_chunks(g.window, config.kv_chunk, config.num_lanes, step_cells(config),
+                                                 parked)) for g in groups[1:]]
+        return PooledLayout(config.kv_pool_tokens // config.kv_chunk, config.kv_chunk, windows)
     return ReservedLayout(config.num_lanes, max_context, config.kv_chunk)
+
+
+def group_cells(layout: KVLayout, groups: tuple[LayerGroup, ...], num_layers: int) -> int:
+    """Cells summed over every layer: each layer holds its group's pool."""
+    if len(groups) <= 1:
+        return layout.pool.num_cells_total * num_layers
+    pools = (layout.pool, *layout.window_pools)
+    return sum(len(g.layers) * p.num_cells_total for g, p in zip(groups, pools))
 
 
 def _weight_bytes(config: EngineConfig, load: ModelLoad) -> int:
@@ -76,12 +103,15 @@ def _weight_bytes(config: EngineConfig, load: ModelLoad) -> int:
     return os.path.getsize(path) + (dense if config.weights == "auto" else 0)
 
 
-def _memory_plan(config: EngineConfig, load: ModelLoad, layout: KVLayout, draft: ModelLoad | None) -> MemoryPlan:
-    """The weights and every K/V byte the engine will hold (the ring's arena too on the CPU)."""
+def _memory_plan(config: EngineConfig, load: ModelLoad, layout: KVLayout, draft: ModelLoad | None,
+                 groups: tuple[LayerGroup, ...] = ()) -> MemoryPlan:
+    """The weights and every K/V byte the engine will hold, every layer group's (the ring's
+    arena too on the CPU)."""
     cfg = load.config
     cells = layout.pool.num_cells_total
     per_cell = kv_bytes_per_cell(config.kv_dtype, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
-    kv_bytes = cells * per_cell
+    layer_cell = kv_bytes_per_cell(config.kv_dtype, 1, cfg.num_kv_heads, cfg.head_dim)
+    kv_bytes = group_cells(layout, groups, cfg.num_layers) * layer_cell
     if config.kv_resident is not None and all(d == "cpu" for d in config.devices):  # the arena is host memory too
         kv_bytes += round_up(config.ring_budget, config.page) * per_cell
     weight_bytes = _weight_bytes(config, load)
@@ -112,18 +142,24 @@ def build_parts(config: EngineConfig, source: ModelSource | None, progress: bool
     if max_context > cfg.max_position:
         log.warning("--max-context %d is beyond the model's trained length %d: quality may drop",
                     max_context, cfg.max_position)
-    layout = make_layout(config, max_context)
+    groups = kv_groups(config, cfg)
+    layout = make_layout(config, max_context, groups)
     pool = layout.pool
     draft_load = None
     if config.spec == "draft":
         draft_load = ModelLoad(config.draft_model, config.dtype, config.weights, config.devices)
         check_draft_vocab(draft_load, config.draft_model, cfg.vocab_size)  # before anything is allocated
-    check_memory(_memory_plan(config, load, layout, draft_load), config.memory_guard_mib, config.is_pooled)
+    check_memory(_memory_plan(config, load, layout, draft_load, groups), config.memory_guard_mib, config.is_pooled)
     model = load.build(max_context, progress, config.fused)
     ring = None
     if config.kv_resident is None:
         kv = KVStorage(pool.num_total, pool.chunk_size, cfg.num_kv_heads, cfg.head_dim, config.kv_dtype,
-                       model.layer_devices)
+                       model.layer_devices, groups=groups,
+                       group_chunks=(pool.num_total, *(p.num_total for p in layout.window_pools)))
+        if len(groups) > 1:
+            log.info("KV layer groups: %s", ", ".join(
+                f"{'full' if g.window is None else f'window {g.window}'}: {len(g.layers)} layers, {p.num_total} chunks"
+                for g, p in zip(groups, (pool, *layout.window_pools))))
     else:  # the pool in host memory, a ring of pages on each layer's device in front of it
         accelerated = any(d.type != "cpu" for d in model.layer_devices)
         kv = KVStorage(pool.num_total, pool.chunk_size, cfg.num_kv_heads, cfg.head_dim, config.kv_dtype,

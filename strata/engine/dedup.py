@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from strata.engine.conversation import Sequence
 from strata.engine.lanes import Lanes
 from strata.kv import table as tbl
+from strata.kv import window_table as wt
 from strata.step import LaneWork
 
 
@@ -36,6 +37,9 @@ def adopt_identical_chunks(seqs: Mapping[str, Sequence], work: Iterable[LaneWork
             other = cache.other_holder(seq.conv, (i + 1) * c)
             if other is None:
                 break  # nobody shares this chunk's tokens, so nobody shares the next one's either
+            for mine, theirs in zip(table.windows, other.table.windows):  # each windowed group's too
+                if i < len(theirs.chunk_ids) and wt.adopt(mine, i, theirs.chunk_ids[i]):
+                    num_adopted += 1
             if other.table.chunk_ids[i] != table.chunk_ids[i]:
                 tbl.adopt(table, pool, i, other.table.chunk_ids[i])
                 num_adopted += 1

@@ -259,8 +259,10 @@ class Engine:
 
     # ---- views --------------------------------------------------------------------------
     def snapshot(self) -> EngineSnapshot:
-        return take_snapshot(self._scheduler, self._ring, self.retry_after(), self._kv.bytes_per_cell,
-                             getattr(self._model, "bank", None))
+        kv = self._kv
+        groups = tuple(kv.group_bytes_per_cell(g) for g in range(len(kv.groups)))
+        return take_snapshot(self._scheduler, self._ring, self.retry_after(), kv.bytes_per_cell,
+                             getattr(self._model, "bank", None), groups)
 
     def picture(self, step: int) -> PoolPicture:
         """The Monitor's picture of every chunk, lane and parked conversation (`step`: its number)."""

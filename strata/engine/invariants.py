@@ -20,6 +20,7 @@ from strata.engine.conversation import Sequence as Seq
 from strata.engine.holds import SessionHolds
 from strata.engine.lanes import Lanes
 from strata.kv.table import is_writable
+from strata.kv.window_table import is_kept, needed_from
 
 
 def check_invariants(lanes: Lanes, seqs: Mapping[str, Seq], holds: SessionHolds | None = None) -> None:
@@ -59,3 +60,27 @@ def check_invariants(lanes: Lanes, seqs: Mapping[str, Seq], holds: SessionHolds 
                 assert is_writable(conv.table, pool), f"conversation {conv.conv_id} writes a shared chunk"
     else:
         assert all(n == 1 for n in refs.values()), "a reserved chunk is in two tables"
+    _check_windows(lanes, holds)
+
+
+def _check_windows(lanes: Lanes, holds: SessionHolds | None) -> None:
+    """Each windowed group's pool: refcounts equal the tables listing an id; each table holds
+    its next token's window and nothing wholly behind it (kv/window_table.py)."""
+    layout = lanes.layout
+    tables = [c.table for c in lanes.cache] + (list(holds.tables()) if holds is not None else [])
+    for g, pool in enumerate(layout.window_pools):
+        pool.check()
+        refs: dict[int, int] = {}
+        for t in tables:
+            for i in t.windows[g].held:
+                refs[i] = refs.get(i, 0) + 1
+        for i in range(pool.num_total):
+            assert refs.get(i, 0) == pool.refcount(i), f"group {g + 1} chunk {i}: {refs.get(i, 0)} tables"
+    for conv in lanes.cache:
+        t = conv.table
+        assert len(t.windows) == len(layout.window_pools)
+        for w in t.windows:
+            first = needed_from(t.num_cells, w.window, w.pool.chunk_size)
+            assert all((w.chunk_ids[j] is None) != is_kept(w, j) for j in range(min(first, len(w.chunk_ids)))), \
+                f"conversation {conv.conv_id} holds a passed chunk, or lost a kept window"
+        assert layout.windows_held(t, t.num_cells), f"conversation {conv.conv_id} lost its window"

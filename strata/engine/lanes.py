@@ -21,6 +21,7 @@ from strata.engine.admission import RestorePlan, choose_victims, pick_lane
 from strata.engine.cache import ConversationCache
 from strata.engine.conversation import Conversation, Lane
 from strata.engine.stats import PoolCounters
+from strata.engine.window_room import make_window_room
 from strata.kv.layout import KVLayout
 from strata.kv.table import CellCopy, ChunkTable
 
@@ -130,7 +131,7 @@ class Lanes:
         plan = self.plan_restore(len(token_ids), lane_index)
         if plan is None:
             return None
-        return self.finish_restore(plan, self.take_restore(plan), token_ids, checkpoints)
+        return self.finish_restore(plan, self.take_restore(plan, checkpoints), token_ids, checkpoints)
 
     def plan_restore(self, num_cells: int, lane_index: int | None = None) -> RestorePlan | None:
         """Where a restored conversation of `num_cells` goes and who gives way (nothing changes).
@@ -154,16 +155,20 @@ class Lanes:
         displaced = self.lanes[lane_index].conv if lane_index is not None else None
         return RestorePlan(num_cells, lane_index, victims, displaced, self.layout.holds_parked)
 
-    def take_restore(self, plan: RestorePlan) -> ChunkTable:
+    def take_restore(self, plan: RestorePlan, checkpoints: list[int] = ()) -> ChunkTable:
         """Evicts `plan`'s victims (and, where conversations cannot be parked, the lane's idle
         one) and returns a table holding room for its cells, in no conversation yet:
-        `finish_restore` adopts it, `drop_restore` gives it back."""
+        `finish_restore` adopts it, `drop_restore` gives it back. Windowed groups hold the last
+        window and the windows before `checkpoints` (kept, as a conversation's are)."""
         self.evict(plan.victims)
         lane = self.lanes[plan.lane] if plan.lane is not None else None
         if lane is not None and lane.conv is not None and not self.layout.holds_parked:
             self.displace(lane)
         table = self.layout.new_table(plan.lane if plan.lane is not None else -1)
         self.layout.grow(table, plan.num_cells)
+        self.layout.keep_windows_ahead(table, [c for c in checkpoints if c < plan.num_cells])
+        make_window_room(self, self.layout.num_window_chunks_to_grow(table, plan.num_cells, plan.num_cells))
+        self.layout.grow_windows(table, plan.num_cells, plan.num_cells)  # the last window only
         table.append_cells(plan.num_cells)
         return table
 

@@ -34,6 +34,7 @@ from strata.engine.holds import SessionHolds
 from strata.engine.invariants import check_invariants
 from strata.engine.lanes import Lanes
 from strata.engine.stats import PoolCounters, PoolStats, pool_stats
+from strata.engine.window_room import grow_step_windows, make_window_room
 from strata.engine.work import build_work, commit_work
 from strata.kv.layout import KVLayout
 from strata.kv.table import CellCopy
@@ -135,7 +136,9 @@ class Scheduler:
             return False
         self.lanes[seq.lane].seq = None
         conv = seq.conv
-        if seq.is_extension and self.layout.num_chunks_to_truncate(conv.table, seq.num_cached) == 0:
+        if (seq.is_extension and self.layout.num_chunks_to_truncate(conv.table, seq.num_cached) == 0
+                and not any(self.layout.num_window_chunks_to_truncate(conv.table, seq.num_cached))
+                and self.layout.windows_held(conv.table, seq.num_cached)):
             copies = self.layout.truncate(conv.table, seq.num_cached)
             assert not copies
             self.cache.cut(conv, seq.num_cached)
@@ -181,6 +184,7 @@ class Scheduler:
         if self.drafts is not None:  # optional work: after admissions, from free chunks only
             self.drafts.plan(self.seqs.values())
         work = build_work(self.seqs.values(), self.prefill_chunk, self.prefill_alone, self.drafts)
+        work = grow_step_windows(work, self.seqs, self.lanes)
         busy = tuple(sorted(s.lane for s in self.seqs.values()))
         return StepPlan(tuple(copies), work, tuple(admitted), tuple(refused), truncated, busy)
 
@@ -199,9 +203,13 @@ class Scheduler:
             # A branch in place; or the partial last chunk is shared with a save in flight, and
             # the conversation writes into a private copy of it (engine/holds.py).
             if plan.num_cached < conv.num_cells or self.layout.num_chunks_to_truncate(conv.table, plan.num_cached):
+                make_window_room(self.lanes, self.layout.num_window_chunks_to_truncate(conv.table, plan.num_cached),
+                                 (conv,))
                 copies += self.layout.truncate(conv.table, plan.num_cached)
                 self.cache.cut(conv, plan.num_cached)
         elif plan.reuse is Reuse.FORK:
+            make_window_room(self.lanes, self.layout.num_window_chunks_to_fork(source.table, plan.num_cached),
+                             (source,))
             table, fork_copies = self.layout.fork(source.table, plan.num_cached, lane.index)
             copies += fork_copies
             conv = Conversation(self.cache.new_id(), table, source.token_ids[: plan.num_cached])
@@ -215,6 +223,8 @@ class Scheduler:
         self.layout.grow(conv.table, len(prompt_ids) + 1)  # the prompt and its first decoded token
         conv.lane = lane.index
         conv.add_checkpoint(plan.num_cached)
+        # the windows a branch from this turn or a regenerate of it goes on from (kv/window_table.py)
+        self.layout.keep_windows(conv.table, (plan.num_cached, len(prompt_ids) - 1))
         self.cache.activate(conv)
         lane.conv = conv
         self._num_admitted += 1

@@ -131,6 +131,13 @@ class SessionFiles:
             raise LaneBusy(conv.lane, "save", "held by a session file in flight", "it is written or read")
         return conv, n
 
+    def _check_one_group(self) -> None:
+        """Session files hold one table of cells for every layer: not yet the windowed layer
+        groups of a sliding-window model in a pool (kv/groups.py), whose passed cells are gone."""
+        if self._kv.groups:
+            raise RequestError("session files do not hold sliding-window layer groups yet: run this model "
+                               "without --kv-pool-tokens to save and restore sessions", code="session_unsupported")
+
     def _progress(self, flight: _Flight, on_record: OnRecord | None) -> OnRecord:
         def step(i: int) -> None:  # on the worker, after each record
             flight.job.records_done = i + 1
@@ -146,6 +153,7 @@ class SessionFiles:
                    ) -> SessionJob:
         """Starts writing an idle conversation (lane `lane`'s, or the longest held prefix of
         `token_ids`) to `path`, with the application's JSON `metadata` in the header."""
+        self._check_one_group()
         conv, n = self._conversation(lane, token_ids, idle_only)
         header = SessionHeader(
             self._fingerprint, storage_geometry(self._kv), self._scheduler.layout.chunk_size,
@@ -160,6 +168,7 @@ class SessionFiles:
 
     def begin_restore(self, path: str, lane: int | None = None, on_record: OnRecord | None = None) -> SessionJob:
         """Starts holding the conversation of the session file `path` again (see the module doc)."""
+        self._check_one_group()
         if lane is not None:
             self._check_lane(lane, "restore into")
         reader = SessionReader.open(path)

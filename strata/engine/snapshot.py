@@ -45,6 +45,8 @@ class EngineSnapshot:
     ring: dict | None = None  # --kv-resident: the ring's counters (KVRing.stats)
     spec: SpecCounters | None = None  # --spec: drafts over every request (a copy)
     moe: dict | None = None  # --moe-resident / --device-memory: the expert cache's counters (CachedBank.stats)
+    # With layer groups: K and V of one position in each group's layers (the full group's first)
+    group_bytes_per_cell: tuple[int, ...] = ()
 
     @property
     def usage_ratio(self) -> float:
@@ -53,12 +55,15 @@ class EngineSnapshot:
 
     @property
     def kv_bytes_held(self) -> int:
-        """K/V bytes of every held chunk (all layers)."""
-        return self.pool.num_chunks_held * self.pool.chunk_size * self.bytes_per_cell
+        """K/V bytes of every held chunk (all layers; each layer group's chunks hold its own layers)."""
+        if not self.group_bytes_per_cell:
+            return self.pool.num_chunks_held * self.pool.chunk_size * self.bytes_per_cell
+        held = (self.pool.num_chunks_held, *(g.num_chunks_held for g in self.pool.groups))
+        return sum(n * b for n, b in zip(held, self.group_bytes_per_cell)) * self.pool.chunk_size
 
 
 def take_snapshot(scheduler: Scheduler, ring: KVRing | None, retry_after: int, bytes_per_cell: int,
-                  bank=None) -> EngineSnapshot:
+                  bank=None, group_bytes_per_cell: tuple[int, ...] = ()) -> EngineSnapshot:
     """Call where the scheduler is not changing (the thread that steps the engine)."""
     stats = scheduler.stats()
     active: set[int] = set()
@@ -97,6 +102,7 @@ def take_snapshot(scheduler: Scheduler, ring: KVRing | None, retry_after: int, b
         ring=ring.stats() if ring is not None else None,
         spec=dataclasses.replace(scheduler.drafts.counters) if scheduler.drafts is not None else None,
         moe=bank.stats() if hasattr(bank, "stats") else None,
+        group_bytes_per_cell=group_bytes_per_cell,
     )
 
 

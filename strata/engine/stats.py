@@ -27,6 +27,17 @@ class PoolCounters:
 
 
 @dataclass(frozen=True)
+class GroupStats:
+    """One windowed layer group's pool (kv/groups.py): its chunks hold only the group's layers."""
+
+    window: int
+    num_chunks_total: int
+    num_chunks_held: int
+    num_chunks_free: int
+    chunks_per_lane: tuple[int, ...]  # the group's chunks each lane's conversation holds
+
+
+@dataclass(frozen=True)
 class PoolStats:
     num_chunks_total: int
     num_chunks_held: int
@@ -40,6 +51,7 @@ class PoolStats:
     shared_chunks_per_lane: tuple[int, ...] = ()  # of each lane's chunks, the shared ones
     num_chunks_session: int = 0  # held only by session files in flight (a save's snapshot, a restore's room)
     num_sessions: int = 0  # session files in flight: saves and restores
+    groups: tuple[GroupStats, ...] = ()  # the windowed layer groups; the fields above are the full group's
 
 
 def pool_stats(lanes: Lanes, holds: SessionHolds | None = None) -> PoolStats:
@@ -68,4 +80,9 @@ def pool_stats(lanes: Lanes, holds: SessionHolds | None = None) -> PoolStats:
         ),
         num_chunks_session=len(session) if layout.shares_chunks else 0,
         num_sessions=len(holds) if holds is not None else 0,
+        groups=tuple(
+            GroupStats(window, p.num_total, p.num_held, p.num_free,
+                       tuple(len(lane.conv.table.windows[g].held) if lane.conv else 0 for lane in lanes))
+            for g, (window, p) in enumerate(zip(layout.windows, layout.window_pools))
+        ),
     )

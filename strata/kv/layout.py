@@ -11,11 +11,13 @@ The scheduler speaks to a layout, never to chunk ids directly:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from strata.kv import table as tbl
+from strata.kv import window_table as wt
 from strata.kv.pool import KVPool
 from strata.kv.table import CellCopy, ChunkTable
+from strata.kv.window_table import WindowIds
 
 
 class KVLayout(ABC):
@@ -29,10 +31,69 @@ class KVLayout(ABC):
     # A chunk id may be listed by several tables (forks share full chunks; identical chunks
     # are adopted); else every chunk belongs to one lane's reservation.
     shares_chunks: bool
+    # The windowed layer groups' pools (kv/groups.py), groups 1..; empty: one group, `pool`.
+    window_pools: tuple[KVPool, ...] = ()
+    windows: tuple[int, ...] = ()  # each windowed group's window, in group order
 
     @property
     def chunk_size(self) -> int:
         return self.pool.chunk_size
+
+    # ---- windowed groups (no-ops with one group) ---------------------------------------
+    def num_window_chunks_to_grow(self, table: ChunkTable, num_cells: int,
+                                  held: int | None = None) -> tuple[int, ...]:
+        """Per windowed group: new chunks for a step that writes `table`'s cells up to `num_cells`
+        (`held`: the cells whose window starts the room, the table's by default)."""
+        held = table.num_cells if held is None else held
+        return tuple(wt.num_to_grow(w, held, num_cells) for w in table.windows)
+
+    def grow_windows(self, table: ChunkTable, num_cells: int, held: int | None = None) -> None:
+        """Room in every windowed group for the cells up to `num_cells`, from the window of `held`
+        cells on (the table's; a restore's whole length: its last window only); the caller made it."""
+        held = table.num_cells if held is None else held
+        for w in table.windows:
+            wt.grow(w, held, num_cells)
+
+    def num_window_chunks_to_fork(self, table: ChunkTable, num_cells: int) -> tuple[int, ...]:
+        return tbl.num_window_chunks_to_fork(table, num_cells)
+
+    def num_window_chunks_to_truncate(self, table: ChunkTable, num_cells: int) -> tuple[int, ...]:
+        return tbl.num_window_chunks_to_truncate(table, num_cells)
+
+    def num_window_chunks_freed(self, tables: Iterable[ChunkTable]) -> tuple[int, ...]:
+        """Per windowed group: chunks releasing all of `tables` would free (nothing is changed)."""
+        tables = list(tables)
+        return tuple(pool.num_freed_by_release([i for t in tables for i in t.windows[g].held])
+                     for g, pool in enumerate(self.window_pools))
+
+    def keep_windows(self, table: ChunkTable, positions: Sequence[int]) -> None:
+        """Keep the window before each of `positions` (a checkpoint, a prompt's end) in every
+        windowed group while the conversation is held (kv/window_table.py)."""
+        for w in table.windows:
+            wt.keep(w, list(positions), table.num_cells)
+
+    def keep_windows_ahead(self, table: ChunkTable, positions: Sequence[int]) -> None:
+        """`keep_windows` for a new table whose cells are written next (a restore)."""
+        for w in table.windows:
+            wt.keep_ahead(w, list(positions))
+
+    def num_window_chunks_kept(self, tables: Iterable[ChunkTable]) -> tuple[int, ...]:
+        """Per windowed group: chunks dropping the kept windows of `tables` would free."""
+        tables = list(tables)
+        return tuple(pool.num_freed_by_release([i for t in tables for i in wt.kept_only(t.windows[g], t.num_cells)])
+                     for g, pool in enumerate(self.window_pools))
+
+    def drop_kept_windows(self, table: ChunkTable) -> None:
+        for w in table.windows:
+            wt.drop_kept(w, table.num_cells)
+
+    def reusable(self, table: ChunkTable, num_cells: int) -> int:
+        """The longest prefix of `table`, at most `num_cells`, that every windowed group can go on
+        from (its window held); `num_cells` itself with one group."""
+        return wt.reusable(table.windows, num_cells) if table.windows else num_cells
+
+    def windows_held(self, table: ChunkTable, num_cells: int) -> bool:
+        return tbl.windows_held(table, num_cells)
 
     @abstractmethod
     def new_table(self, lane: int) -> ChunkTable:
@@ -93,11 +154,15 @@ class PooledLayout(KVLayout):
     moves_copy = False
     shares_chunks = True
 
-    def __init__(self, num_chunks: int, chunk_size: int):
+    def __init__(self, num_chunks: int, chunk_size: int, windows: Sequence[tuple[int, int]] = ()):
+        """`windows`: (window, chunks) of each windowed layer group, in group order (kv/groups.py)."""
         self.pool = KVPool(num_chunks, chunk_size)
+        self.windows = tuple(w for w, _ in windows)
+        self.window_pools = tuple(KVPool(n, chunk_size) for _, n in windows)
 
     def new_table(self, lane: int) -> ChunkTable:
-        return ChunkTable()
+        return ChunkTable(windows=[WindowIds(pool, w, g + 1, [])
+                                   for g, (w, pool) in enumerate(zip(self.windows, self.window_pools))])
 
     def move(self, table: ChunkTable, dst_lane: int) -> tuple[ChunkTable, list[CellCopy]]:
         return table, []  # a swap of chunk tables: the K/V stays where it is

@@ -16,7 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from strata.errors import PoolExhausted
+from strata.kv import window_table as wt
 from strata.kv.pool import KVPool
+from strata.kv.window_table import WindowIds
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,7 @@ class CellCopy:
     dst_chunk: int
     start: int
     num_cells: int
+    group: int = 0  # the layer group whose chunks these are (kv/groups.py; 0: full attention)
 
 
 @dataclass(eq=False)
@@ -37,6 +40,8 @@ class ChunkTable:
 
     chunk_ids: list[int] = field(default_factory=list)
     num_cells: int = 0
+    # The windowed layer groups' chunks (kv/window_table.py), one per group 1..; empty: one group
+    windows: list[WindowIds] = field(default_factory=list)
 
     def cell_capacity(self, chunk_size: int) -> int:
         return len(self.chunk_ids) * chunk_size
@@ -45,6 +50,8 @@ class ChunkTable:
         """`num_cells` more cells after the table's last hold written K/V (room was grown for them)."""
         assert num_cells >= 0
         self.num_cells += num_cells
+        for w in self.windows:  # the window of the next token moved: what is behind it goes
+            wt.pass_window(w, self.num_cells)
 
 
 def chunks_for(num_cells: int, chunk_size: int) -> int:
@@ -70,6 +77,8 @@ def last_id(chunk_ids: list[int]) -> int | None:
 
 def release(table: ChunkTable, pool: KVPool) -> None:
     pool.release(table.chunk_ids)
+    for w in table.windows:
+        wt.release(w)
     table.chunk_ids = []
     table.num_cells = 0
 
@@ -88,7 +97,28 @@ def fork(table: ChunkTable, pool: KVPool, num_cells: int) -> tuple[ChunkTable, l
     new = pool.allocate(1 if rest else 0, after=last_id(shared))  # first: a pool error leaves every refcount as it was
     pool.share(shared)
     copies = [CellCopy(table.chunk_ids[num_full], new[0], 0, rest)] if rest else []
-    return ChunkTable(shared + new, num_cells), copies
+    windows = []
+    for w in table.windows:  # the caller made room in every windowed group (num_window_chunks_to_fork)
+        forked, copy = wt.fork(w, num_cells)
+        windows.append(forked)
+        if copy is not None:
+            copies.append(CellCopy(copy[0], copy[1], 0, copy[2], w.group))
+    return ChunkTable(shared + new, num_cells, windows), copies
+
+
+def num_window_chunks_to_fork(table: ChunkTable, num_cells: int) -> tuple[int, ...]:
+    """Per windowed group: a fork copies a partial last chunk there too."""
+    return tuple(1 if num_cells % w.pool.chunk_size else 0 for w in table.windows)
+
+
+def num_window_chunks_to_truncate(table: ChunkTable, num_cells: int) -> tuple[int, ...]:
+    return tuple(wt.num_to_truncate(w, num_cells) for w in table.windows)
+
+
+def windows_held(table: ChunkTable, num_cells: int) -> bool:
+    """Every windowed group holds the window before position `num_cells` (the table cut there
+    could go on without recomputing)."""
+    return all(wt.is_held(w, num_cells) for w in table.windows)
 
 
 def num_chunks_to_truncate(table: ChunkTable, pool: KVPool, num_cells: int) -> int:
@@ -111,12 +141,16 @@ def truncate(table: ChunkTable, pool: KVPool, num_cells: int) -> list[CellCopy]:
     pool.release(tail)  # first, so the copy may take a chunk the tail gave back
     del table.chunk_ids[keep:]
     table.num_cells = num_cells
-    if not need:
-        return []
-    (new,) = pool.allocate(1, after=last_id(table.chunk_ids[:-1]))
-    copies = [CellCopy(table.chunk_ids[-1], new, 0, num_cells % c)]
-    pool.release([table.chunk_ids[-1]])
-    table.chunk_ids[-1] = new
+    copies = []
+    if need:
+        (new,) = pool.allocate(1, after=last_id(table.chunk_ids[:-1]))
+        copies.append(CellCopy(table.chunk_ids[-1], new, 0, num_cells % c))
+        pool.release([table.chunk_ids[-1]])
+        table.chunk_ids[-1] = new
+    for w in table.windows:  # the caller checked the windows before num_cells are held (windows_held)
+        copy = wt.truncate(w, num_cells)
+        if copy is not None:
+            copies.append(CellCopy(copy[0], copy[1], 0, copy[2], w.group))
     return copies
 
 
@@ -131,7 +165,8 @@ def adopt(table: ChunkTable, pool: KVPool, index: int, chunk_id: int) -> None:
 def is_writable(table: ChunkTable, pool: KVPool) -> bool:
     """The invariant: the chunk holding the next write position is private."""
     i = table.num_cells // pool.chunk_size
-    return i >= len(table.chunk_ids) or not pool.is_shared(table.chunk_ids[i])
+    return ((i >= len(table.chunk_ids) or not pool.is_shared(table.chunk_ids[i]))
+            and all(wt.is_writable(w, table.num_cells) for w in table.windows))
 
 
 def copy_cells(src: ChunkTable, dst: ChunkTable, num_cells: int, chunk_size: int) -> list[CellCopy]:

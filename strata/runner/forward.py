@@ -31,6 +31,8 @@ class LaneForward:
         """`work`'s batched inputs; `fused_decode`: decode rows through the fused kernel where the
         model and K/V allow it."""
         kernel = self.model.decode_attention_kernel(self.kv.dtype) if fused_decode else None
+        if self.kv.groups:  # each windowed group read through its own table (kv/groups.py)
+            return build_inputs(work, self.cells, kernel, self.kv.windows, grouped=True)
         return build_inputs(work, self.cells, kernel, self.model.cfg.windows)
 
     def logits(self, inputs: StepInputs, logits_rows: torch.Tensor, kv=None, metas=None) -> torch.Tensor:

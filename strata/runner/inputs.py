@@ -22,7 +22,7 @@ from strata.models.cell_reads import (
     PrefillRuns,
 )
 from strata.runner.reads import ChunkCells, chunk_runs, contiguous, runs_of, split_for_rows, strided_slots
-from strata.runner.windows import window_metas
+from strata.runner.windows import group_metas, window_metas
 
 
 @dataclass(frozen=True)
@@ -116,10 +116,11 @@ def _decode_spans(decode: Sequence[LaneWork], chunk_size: int, kernel: Callable)
 
 
 def build_inputs(work: Sequence[LaneWork], cells: ChunkCells, decode_kernel: Callable | None = None,
-                 windows: Sequence[int] = ()) -> StepInputs:
+                 windows: Sequence[int] = (), grouped: bool = False) -> StepInputs:
     """`decode_kernel`: the fused decode attention where the model and K/V allow it (runner);
     then every decoding lane is read through it (`DecodeSpans`), else by the groups above.
-    `windows`: the model's distinct sliding windows, each given its own addressing."""
+    `windows`: the model's distinct sliding windows, each given its own addressing; `grouped`:
+    each is a layer group with its own storage, read through the lanes' `window_ids`."""
     chunk_size = cells.chunk_size
     decoding = [w for w in work if w.reads_as_decode]
     if decode_kernel is not None and decoding:
@@ -170,8 +171,11 @@ def build_inputs(work: Sequence[LaneWork], cells: ChunkCells, decode_kernel: Cal
         if not w.prompt:
             decode_rows, decode_logits = row, len(sample_rows)
     meta = AttentionMeta(torch.tensor(writes, dtype=torch.long), decode_groups, tuple(prefills))
-    metas = window_metas(meta, ordered, windows, lambda w: chunk_runs(w.chunk_ids, w.num_cells, chunk_size),
-                         decode_kernel)
+    if grouped:
+        metas = group_metas(meta, ordered, windows, chunk_size, decode_kernel)
+    else:
+        metas = window_metas(meta, ordered, windows, lambda w: chunk_runs(w.chunk_ids, w.num_cells, chunk_size),
+                             decode_kernel)
     return StepInputs(
         ordered,
         torch.tensor(ids, dtype=torch.long),

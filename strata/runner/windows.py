@@ -9,6 +9,10 @@ from its first row's window start, run by run under a banded causal mask.
 
 A lane's cells are given as runs of storage in position order (`LaneRuns`): flat pool
 cells (runner/reads.py chunk_runs), or the ring's virtual cells (runner/ring_reads.py).
+
+With layer groups (kv/groups.py) a windowed group's layers have their own storage and
+their own chunk ids (`LaneWork.window_ids`): `group_metas` writes and reads each group
+through its own table, and asserts it never reads or writes a released chunk.
 """
 
 from __future__ import annotations
@@ -62,29 +66,77 @@ def window_meta(full: AttentionMeta, work: Sequence[LaneWork], window: int, lane
     `full` itself."""
     if all(w.num_cells <= window for w in work):
         return full
+    return _cut_meta(full.write_index, work, window, lambda w, first: runs_from(lane_runs(w), first), kernel)
+
+
+def _cut_meta(write_index: torch.Tensor, work: Sequence[LaneWork], window: int,
+              runs_after: Callable[[LaneWork, int], tuple[slice, ...]], kernel: Callable | None) -> AttentionMeta:
+    """Reads cut to `window`; `runs_after(w, first)`: lane w's cells of positions first.. as runs."""
     decoding = [w for w in work if w.reads_as_decode]
     decode: list[DecodeRead] = []
     if kernel is not None and decoding:
         spans: list[tuple[int, int]] = []
         row_spans = [0]
         for w in decoding:
-            spans += [(r.start, r.stop - r.start) for r in runs_from(lane_runs(w), max(0, w.num_cells - window))]
+            spans += [(r.start, r.stop - r.start) for r in runs_after(w, max(0, w.num_cells - window))]
             row_spans.append(len(spans))
         decode.append(DecodeSpans(0, len(decoding), torch.tensor(spans, dtype=torch.long),
                                   torch.tensor(row_spans, dtype=torch.long), kernel))
     else:
         for row, w in enumerate(decoding):
-            runs = runs_from(lane_runs(w), max(0, w.num_cells - window))
+            runs = runs_after(w, max(0, w.num_cells - window))
             decode.append(DecodeContiguous(row, runs[0]) if len(runs) == 1 else DecodeRuns(row, runs))
     prefills: list[PrefillRead] = []
     row = len(decoding)
     for w in work[len(decoding):]:
         n = len(w.token_ids)
         first = max(0, w.start - window + 1)  # the first row's window start
-        runs = runs_from(lane_runs(w), first)
+        runs = runs_after(w, first)
         prefills.append(PrefillRuns(row, row + n, runs, band_masks(runs, first, w.start, w.num_cells, window)))
         row += n
-    return AttentionMeta(full.write_index, tuple(decode), tuple(prefills))
+    return AttentionMeta(write_index, tuple(decode), tuple(prefills))
+
+
+def group_runs(ids: Sequence[int | None], num_cells: int, chunk_size: int, first: int) -> tuple[slice, ...]:
+    """A windowed group's cells of positions first..num_cells-1 as runs of consecutive chunks;
+    every chunk read must be held (a released chunk is never read)."""
+    c = chunk_size
+    runs: list[list[int]] = []
+    for j in range(first // c, -(-num_cells // c)):
+        i = ids[j]
+        assert i is not None, f"a read of released chunk {j} (positions {first}..{num_cells - 1})"
+        lo = i * c + (first - j * c if j == first // c else 0)
+        hi = i * c + min(c, num_cells - j * c)
+        if runs and runs[-1][1] == lo:
+            runs[-1][1] = hi
+        else:
+            runs.append([lo, hi])
+    return tuple(slice(a, b) for a, b in runs)
+
+
+def group_write_index(work: Sequence[LaneWork], group: int, chunk_size: int) -> torch.Tensor:
+    """[tokens] each new token's flat cell in windowed group `group` (1..), rows in order."""
+    c = chunk_size
+    cells: list[int] = []
+    for w in work:
+        ids = w.window_ids[group - 1]
+        for p in range(w.start, w.num_cells):
+            i = ids[p // c]
+            assert i is not None, f"a write into released chunk {p // c}"
+            cells.append(i * c + p % c)
+    return torch.tensor(cells, dtype=torch.long)
+
+
+def group_metas(full: AttentionMeta, work: Sequence[LaneWork], windows: Sequence[int], chunk_size: int,
+                kernel: Callable | None = None) -> dict[int | None, AttentionMeta]:
+    """The step's addressing per layer group: None (full attention) -> `full`; window of group
+    g (1.., `windows[g - 1]`) -> writes and reads through the lanes' `window_ids[g - 1]`."""
+    metas: dict[int | None, AttentionMeta] = {None: full}
+    for g, window in enumerate(windows, start=1):
+        def runs_after(w: LaneWork, first: int, g: int = g) -> tuple[slice, ...]:
+            return group_runs(w.window_ids[g - 1], w.num_cells, chunk_size, first)
+        metas[window] = _cut_meta(group_write_index(work, g, chunk_size), work, window, runs_after, kernel)
+    return metas
 
 
 def window_metas(full: AttentionMeta, work: Sequence[LaneWork], windows: Sequence[int], lane_runs: LaneRuns,

@@ -53,6 +53,14 @@ class PoolCollector(Collector):
             cells.add_metric([state], n * pool.chunk_size)
         yield chunks
         yield cells
+        if pool.groups:  # sliding-window layer groups: each its own pool of chunks (docs/windows.md)
+            group = GaugeMetricFamily("strata_kv_window_chunks", "chunks of a sliding-window layer group's pool",
+                                      labels=["window", "state"])
+            for g in pool.groups:
+                for state, n in (("total", g.num_chunks_total), ("held", g.num_chunks_held),
+                                 ("free", g.num_chunks_free)):
+                    group.add_metric([str(g.window), state], n)
+            yield group
         yield GaugeMetricFamily("strata_kv_chunk_cells", "cells per chunk", value=pool.chunk_size)
         yield GaugeMetricFamily("strata_sessions_in_flight", "session files being saved or restored",
                                 value=pool.num_sessions)

@@ -209,6 +209,11 @@ class SlotMoE(BaseModel):
                                                             "this lane's request (none while it holds none)")
 
 
+class SlotWindowGroup(BaseModel):
+    window: int = Field(..., description="the cells this group's layers read behind each token")
+    chunks_held: int = Field(..., description="chunks of the group's own pool the lane's conversation holds")
+
+
 class Slot(BaseModel):
     id: int
     state: Literal["empty", "idle", "prefilling", "decoding"]
@@ -223,6 +228,8 @@ class Slot(BaseModel):
     spec: SlotSpec | None = Field(None, description="with --spec: the running request's drafts")
     moe: SlotMoE | None = Field(None, description="with the expert cache: the shared cache and this lane's "
                                                   "share of the device budget")
+    window_groups: list[SlotWindowGroup] | None = Field(
+        None, exclude_if=_absent_if_none, description="sliding-window layer groups in a pool: each group's chunks (chunks_held is the full group's)")
 
 
 class ErrorBody(BaseModel):

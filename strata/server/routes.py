@@ -163,6 +163,8 @@ async def slots(request: Request) -> JSONResponse:
             ring=lane.ring,
             spec=lane.spec,
             moe=_slot_moe(snap.moe, lane.index),
+            window_groups=[{"window": g.window, "chunks_held": g.chunks_per_lane[lane.index]}
+                           for g in snap.pool.groups] or None,
         ).model_dump()
         for lane in snap.lanes
     ]

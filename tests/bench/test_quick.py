@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from tests.conftest import require, require_default_model
+from tests.conftest import require, require_default_model, require_gemma3_file
 from tests.ports import held_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -42,6 +42,7 @@ QUICK = {
     "grammar": ([], ["grammar.json", "grammar.png"], ["schema compile"]),
     "moe": ([], ["moe-quick.json", "moe-quick.png"], ["--quick: strata's arms only"]),
     "moe_cache": ([], ["moe_cache.json", "moe_cache.png"], ["policy by measurement", "x Belady bytes"]),
+    "window": ([], ["window-quick.json", "window-quick.png"], ["groups / keep:", "SYNTHETIC"]),
 }
 # Not Python benchmarks: ring_cuda.sh and moe_cuda.sh run the ring's and the expert cache's tests on a CUDA machine.
 NOT_BENCHMARKS = {"__init__.py", "common.py"}
@@ -59,6 +60,8 @@ def test_quick_run_writes_its_files_and_prints_its_table(name, tmp_path):
     require("matplotlib")
     if name == "cluster":
         require("ray.serve")
+    if name == "window":  # Gemma 3 270M's sliding-window geometry
+        require_gemma3_file()
     args, files, says = QUICK[name]
     out = tmp_path / name
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))

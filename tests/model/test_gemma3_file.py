@@ -87,3 +87,30 @@ def test_strata_generate_answers_like_transformers(gemma3, gemma3_path, raw):
     result = json.loads(run.stdout)
     expected = greedy_reference(ref, llm.tokenizer.encode(CAPITAL))
     assert result["token_ids"] == expected
+
+
+def several_windows() -> str:
+    """About 2060 tokens: the long text three times over, each time numbered apart."""
+    return " ".join(f"Part {n}. {long_text()}" for n in ("one", "two", "three"))
+
+
+def test_layer_groups_answer_like_keep_everything_and_transformers(gemma3):
+    """A prompt several windows long through the pool's layer groups (each sliding layer holding
+    only its window, docs/windows.md) gives the tokens of the reserved layout, which keeps every
+    cell, and of transformers; the windowed group never held more than its bound."""
+    ref, _ = gemma3
+    ctx, chunk = 2560, 128
+    grouped = LLM(model=gemma3[1].engine.config.model, dtype="float32",
+                  max_context=ctx, batch=0, kv_pool_tokens=ctx + chunk, kv_chunk=chunk, progress=False)
+    keep = LLM(model=gemma3[1].engine.config.model, dtype="float32", max_context=ctx, batch=0,
+               kv_chunk=chunk, progress=False)
+    ids = grouped.tokenizer.encode(several_windows())
+    assert 3 * WINDOW < len(ids) < ctx - NEW
+    params = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True)
+    (a,) = grouped.generate([ids], params)
+    (b,) = keep.generate([ids], params)
+    layout = grouped.engine._layout
+    assert layout.windows == (WINDOW,)
+    (conv,) = list(grouped.engine._scheduler.cache)
+    assert len(conv.table.windows[0].held) <= WINDOW // chunk + 1 < len(conv.table.chunk_ids)
+    assert list(a.token_ids) == list(b.token_ids) == greedy_reference(ref, ids)

@@ -1,0 +1,87 @@
+"""Room in the windowed layer groups (kv/groups.py): grown per step, made by idle conversations.
+
+A windowed group's table grows only for the cells a step writes (a prefill piece, a pending
+token and its drafts), after the full group's room is decided and the step's work is
+planned; its chunks behind the window go back at commit (kv/window_table.py). Each
+windowed pool holds every lane's window and step (build.py sizes it so), so a running
+lane never waits or ends for windowed room. When a windowed pool is short, in this order:
+(1) kept windows give way (the windows before checkpoints and prompts' ends: a branch from
+there recomputes): idle conversations' first, least recently used first, then running
+ones', oldest first, one conversation's at a time until the need is covered; (2) idle
+conversations give way, least recently used first, and only when the ones chosen together
+cover every group's need. No torch here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from strata.engine.conversation import Conversation
+from strata.engine.conversation import Sequence as Seq
+from strata.step import LaneWork
+
+if TYPE_CHECKING:
+    from strata.engine.lanes import Lanes
+
+
+def _short(lanes: Lanes, needs: Sequence[int], chosen: Iterable[Conversation]) -> bool:
+    pools = lanes.layout.window_pools
+    freed = lanes.layout.num_window_chunks_freed(c.table for c in chosen)
+    return any(need > pool.num_free + f for need, pool, f in zip(needs, pools, freed))
+
+
+def _drop_kept(lanes: Lanes, needs: Sequence[int], protect: Iterable[Conversation]) -> None:
+    """Step (1): kept windows give way, in the module's order, until `needs` are covered."""
+    layout, skip = lanes.layout, {c.conv_id for c in protect}
+    idle = lanes.cache.idle_lru()
+    active = sorted((c for c in lanes.cache if c.is_active), key=lambda c: c.last_used)
+    for conv in idle + active:
+        if not _short(lanes, needs, ()):
+            return
+        if conv.conv_id not in skip and any(layout.num_window_chunks_kept([conv.table])):
+            layout.drop_kept_windows(conv.table)
+
+
+def make_window_room(lanes: Lanes, needs: Sequence[int], protect: Iterable[Conversation] = ()) -> int:
+    """Idle conversations (never `protect`'s) give way, least recently used first, until every
+    windowed pool has `needs[g]` free chunks. Returns how many gave way."""
+    if not _short(lanes, needs, ()):
+        return 0
+    _drop_kept(lanes, needs, protect)
+    if not _short(lanes, needs, ()):
+        return 0
+    chosen: list[Conversation] = []
+    for conv in lanes.cache.idle_lru(exclude=tuple(protect)):
+        chosen.append(conv)
+        if not _short(lanes, needs, chosen):
+            break
+    else:
+        raise AssertionError(f"windowed pools short of {list(needs)} with every idle conversation gone: "
+                             "they are sized to hold every lane's window")
+    for conv in list(chosen):  # spare the ones that add nothing to what the others free
+        rest = [c for c in chosen if c is not conv]
+        if not _short(lanes, needs, rest):
+            chosen = rest
+    lanes.evict(tuple(chosen))
+    return len(chosen)
+
+
+def grow_step_windows(work: Sequence[LaneWork], seqs: Mapping[str, Seq], lanes: Lanes) -> tuple[LaneWork, ...]:
+    """Room in every windowed group for each lane's cells this step; the work, each lane given
+    its windowed groups' chunk ids."""
+    layout = lanes.layout
+    if not layout.window_pools:
+        return tuple(work)
+    needs = [0] * len(layout.window_pools)
+    for w in work:
+        for g, n in enumerate(layout.num_window_chunks_to_grow(seqs[w.request_id].conv.table, w.num_cells)):
+            needs[g] += n
+    make_window_room(lanes, needs)
+    out = []
+    for w in work:
+        table = seqs[w.request_id].conv.table
+        layout.grow_windows(table, w.num_cells)
+        out.append(replace(w, window_ids=tuple(tuple(x.chunk_ids) for x in table.windows)))
+    return tuple(out)
