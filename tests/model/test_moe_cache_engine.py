@@ -26,6 +26,8 @@ from strata.sampling import SamplingParams
 from strata.testing import prompt_logits
 from tests.conftest import require
 from tests.model.engine_runs import run_requests
+from tests.model.test_moe_gguf import case as gguf_case  # noqa: F401  (a fixture: each family's GGUF file)
+from tests.model.test_moe_gguf import fields  # noqa: F401  (the fixture it takes)
 from tests.model.test_moe_parity import tiny_moe_dir
 
 require("transformers")
@@ -139,3 +141,24 @@ def test_the_device_budget_holds_through_admissions_and_finishes(engines, smol_t
     assert run_requests(e, [shallow], GREEDY, after) == run_requests(reference, [shallow], GREEDY)
     assert seen[-1] == 8 and budget.counters.finishes >= 2  # the deep ring went back
     assert e.snapshot().moe["budget"]["expert_slots"] == 8
+
+
+@pytest.mark.parametrize("weights", ["native", "auto"])
+def test_quantized_gguf_experts_through_the_cache(gguf_case, weights, quant_ops):
+    """Stacked quantized experts of a GGUF file (each expert a view of its layer's blocks, read
+    in place) copied into slots: the same prompt logits, bit for bit, and greedy tokens."""
+    from tests.model.test_moe_gguf import PROMPT, greedy
+
+    def make(**options) -> Engine:
+        return Engine(EngineConfig(model=gguf_case.path, dtype="float32", weights=weights, max_context=256,
+                                   kv_chunk=16, prefill_chunk=7, devices=(DEVICE,), **options), progress=False)
+    plain = make()
+    ids = plain.tokenizer.encode(PROMPT)
+    want, tokens = prompt_logits(plain, ids), greedy(plain, ids, 12)
+    for capacity, prefetch in ((1, True), (3, False)):
+        cached = make(moe_resident=capacity, moe_prefetch=prefetch)
+        assert isinstance(cached._model.bank, CachedBank)
+        got = prompt_logits(cached, ids)
+        assert torch.equal(got, want) if DEVICE == "cpu" else torch.allclose(got, want, rtol=1e-4, atol=1e-4)
+        assert greedy(cached, ids, 12) == tokens
+        assert cached.snapshot().moe["misses"] > 0
