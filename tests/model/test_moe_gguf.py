@@ -70,8 +70,10 @@ def payload(w: np.ndarray, qtype: QT, rng: np.random.Generator):
     return array.reshape(*w.shape[:-1], -1) if w.ndim > 2 else array, raw
 
 
-def write_file(model, arch: str, path: str, fields, meta_extra: dict | None = None, drop: str | None = None) -> str:
-    """The file of `model` (`meta_extra`: more `<arch>.*` keys; `drop`: a tensor left out)."""
+def write_file(model, arch: str, path: str, fields, meta_extra: dict | None = None, drop: str | None = None,
+               per_expert: bool = False) -> str:
+    """The file of `model` (`meta_extra`: more `<arch>.*` keys; `drop`: a tensor left out;
+    `per_expert`: one `ffn_{gate,up,down}.{e}` tensor per expert, as older Mixtral files)."""
     gguf_arch, cfg = FAMILIES[arch][0], model.config
     rng = np.random.default_rng(hash(arch) % 2**32)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -111,7 +113,18 @@ def write_file(model, arch: str, path: str, fields, meta_extra: dict | None = No
                 w = llama_cpp_permute(w, cfg.num_key_value_heads)
             tensors.append((f"blk.{i}.{LAYER_NAMES[rest]}", *payload(w, QT.F32, rng)))
     meta |= meta_extra or {}
+    if per_expert:
+        tensors = [split for t in tensors for split in per_expert_tensors(*t)]
     return write_gguf(path, gguf_arch, meta, [t for t in tensors if t[0] != drop], fields)
+
+
+def per_expert_tensors(name: str, array: np.ndarray, raw):
+    """A stacked `blk.{i}.ffn_{p}_exps.weight` as one tensor per expert; others unchanged."""
+    if not name.endswith("_exps.weight"):
+        return [(name, array, raw)]
+    _, i, rest = name.split(".", 2)
+    proj = rest.removeprefix("ffn_").removesuffix("_exps.weight")
+    return [(f"blk.{i}.ffn_{proj}.{e}.weight", np.ascontiguousarray(array[e]), raw) for e in range(len(array))]
 
 
 def unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:
@@ -127,6 +140,11 @@ def twin_from_file(model, arch: str, path: str):
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
         values[t.name] = torch.from_numpy(np.array(dequantize(np.asarray(t.data), t.tensor_type), np.float32)
                                           ).reshape(shape)
+    for i in range(cfg.num_hidden_layers):  # a per-expert file: stack its experts back
+        for proj in ("gate", "up", "down"):
+            if f"blk.{i}.ffn_{proj}.0.weight" in values:
+                values[f"blk.{i}.ffn_{proj}_exps.weight"] = torch.stack(
+                    [values.pop(f"blk.{i}.ffn_{proj}.{e}.weight") for e in range(EXPERTS)])
     state = {}
     for hf, value in model.state_dict().items():
         if hf in TOP_NAMES:
@@ -248,3 +266,17 @@ def test_the_prepared_model_cache_maps_the_experts_back(case, tmp_path, monkeypa
     experts = second._model.experts[0]
     if experts[0].down.quant is not None:
         assert len({e.down.quant.parts[0].raw.untyped_storage().data_ptr() for e in experts}) == 1
+
+
+def test_a_file_with_one_tensor_per_expert_matches_its_twin(tmp_path, fields):
+    """Older Mixtral files (`ffn_gate.{e}` per expert) load as the stacked ones do."""
+    torch.manual_seed(32)
+    model = small_model("mixtral")
+    path = write_file(model, "mixtral", str(tmp_path / "per-expert.gguf"), fields, per_expert=True)
+    assert "blk.0.ffn_up.3.weight" in {t.name for t in GGUFReader(path).tensors}
+    twin = twin_from_file(model, "mixtral", path)
+    e = engine(Case("mixtral", path, twin), "native")
+    ids = e.tokenizer.encode(PROMPT)
+    with torch.inference_mode():
+        out = twin.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert greedy(e, ids, 12) == out[0, len(ids):].tolist()
