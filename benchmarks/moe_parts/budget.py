@@ -6,9 +6,9 @@ Arms (one lane, `strata generate`'s case):
 - fixed, ring = cap: every run's ring is `--kv-resident` (K/V first: "K/V in VRAM, fewer
   cached experts"), the experts get the rest;
 - fixed, ring = default: every run's ring is the default ring;
-- adaptive: budget_rule.py with the ring rule on (STRATA_KV_RING_ADAPT=1: the rule's ring,
+- adaptive: kv/budget_rule.py with the ring rule on (STRATA_KV_RING_ADAPT=1: the rule's ring,
   never more than the run fills; the rest to expert slots);
-- adaptive, fill: budget_rule.py with the rule off (the ring the run fills, up to the cap).
+- adaptive, fill: kv/budget_rule.py with the rule off (the ring the run fills, up to the cap).
 Expert bytes come from strata's slot planner on a synthetic trace (zipf+reuse, default
 policy); ring bytes from kv/residency.py's plan for a lane reading its whole context every
 step (exact attention), the ring holding what it can and the rest streamed. Long contexts
@@ -25,7 +25,7 @@ from benchmarks.moe_parts.traces import Trace
 from strata.kv.residency import LaneReads, Residency
 from strata.kv.ring_rule import RingSizing
 from strata.moe.budget import DeviceBudget
-from strata.moe.budget_rule import MIB, BudgetShape, ring_ask
+from strata.kv.budget_rule import MIB, BudgetShape, ring_ask
 
 GIB = 1 << 30
 LAYERS, EXPERTS, TOP_K, HIDDEN, WIDTH, KV_HEADS, HEAD_DIM, VOCAB = 16, 64, 8, 2048, 1024, 16, 128, 50304

@@ -32,7 +32,7 @@ from strata.cells.ring_step import PageMap, RingStep
 from strata.cells.storage import KVStorage
 from strata.kv.residency import LaneReads, Residency, ResidencyPlan
 from strata.kv.ring_rule import RingSizing
-from strata.moe.budget_rule import ring_ask
+from strata.kv.budget_rule import ring_ask
 from strata.step import LaneWork
 
 log = logging.getLogger("strata.ring")  # INFO: each sizing (the command line shows them, strata/cli.py)

@@ -28,7 +28,7 @@ from strata.loader.tokenizer import Tokenizer
 from strata.models.config import ModelConfig
 from strata.models.fused import load_quant_ops
 from strata.models.llama import LlamaModel
-from strata.moe.wiring import attach_expert_cache
+from strata.engine.expert_cache import attach_expert_cache
 from strata.runner.runner import ModelRunner
 
 log = logging.getLogger("strata")
@@ -168,7 +168,7 @@ def build_parts(config: EngineConfig, source: ModelSource | None, progress: bool
     draft = None
     if draft_load is not None:
         draft = load_draft_model(draft_load, config.kv_dtype, pool, max_context, progress, config.fused)
-    attach_expert_cache(config, model, kv, ring)  # --moe-resident, --device-memory (moe/wiring.py)
+    attach_expert_cache(config, model, kv, ring)  # --moe-resident, --device-memory (engine/expert_cache.py)
     runner = ModelRunner(model, kv, ring, draft)
     scheduler = Scheduler(layout, config.num_lanes, max_context, config.prefill_chunk, config.prefill_alone,
                           _planner(config, layout, max_context, model))

@@ -89,7 +89,7 @@ class DecoderLayer:
         v_cache: Cells,
         meta: AttentionMeta,
         ops=None,  # the fused decode ops (models/fused.py), or None: torch ops
-        bank=None,  # where MoE layers run their experts (moe/bank.py ExpertBank), or None
+        bank=None,  # where MoE layers run their experts (models/expert_bank.py ExpertBank), or None
         kinds: RowKinds | None = None,  # which rows are decode rows (models/rows.py); None: all
     ) -> torch.Tensor:
         cfg = self.cfg
@@ -167,7 +167,7 @@ class LlamaModel:
         and (`fused`) the fused decode ops where every layer is on the CPU (else None: torch ops)."""
         self.rotary = {d: Rotary(self.inv_freq, max_positions, self.dtype, d) for d in self.devices}
         self.ops = load_decode_ops(fused) if all(d.type == "cpu" for d in self.devices) else None
-        self.bank = None  # where MoE layers run their experts (moe/bank.py; MoeModel sets it)
+        self.bank = None  # where MoE layers run their experts (models/expert_bank.py; MoeModel sets it)
 
     @property
     def quant_max_rows(self) -> int | None:

@@ -1,5 +1,5 @@
 """A mixture-of-experts MLP: the router, top-k routing as each family's transformers reference
-computes it, the routed experts (run through an ExpertBank, moe/bank.py) and Qwen2-MoE's
+computes it, the routed experts (run through an ExpertBank, models/expert_bank.py) and Qwen2-MoE's
 sigmoid-gated shared expert.
 
 Routing of a step's rows x [T, hidden]: router logits [T, E] = x W_r^T in the compute dtype,
@@ -23,7 +23,7 @@ import torch
 from strata.models.config import ModelConfig
 from strata.models.linear import fused_linear
 from strata.models.quant import QuantWeight
-from strata.moe.experts import ExpertWeights
+from strata.models.experts import ExpertWeights
 
 
 def mlp_name(i: int, suffix: str) -> str:

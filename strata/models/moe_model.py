@@ -4,7 +4,7 @@ Qwen3-MoE (q/k norm per head), OLMoE (q/k norm over the whole projection).
 Attention, norms, embedding and head are the Llama family's (llama.py); layer i's MLP is a
 MoE block (moe_block.py) where `cfg.is_moe_layer(i)`, else the dense SwiGLU. The routed
 experts are weights of the model (`experts[i][e]`, empty for dense layers: what the expert
-cache copies from) and run through `self.bank` (moe/bank.py), remade by `prepare_runtime`
+cache copies from) and run through `self.bank` (models/expert_bank.py), remade by `prepare_runtime`
 as a ResidentBank; the expert cache replaces it after the build.
 """
 
@@ -18,9 +18,9 @@ from strata.models.config import ModelConfig
 from strata.models.llama import DecoderLayer, LlamaModel
 from strata.models.moe_block import MoEBlock, take_experts
 from strata.models.quant import QuantWeight
-from strata.moe.bank import ResidentBank
-from strata.moe.experts import ExpertWeights
-from strata.moe.prefetch import likely_experts
+from strata.models.expert_bank import ResidentBank
+from strata.models.experts import ExpertWeights
+from strata.models.moe_prefetch import likely_experts
 
 
 class MoeDecoderLayer(DecoderLayer):

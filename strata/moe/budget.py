@@ -1,5 +1,5 @@
 """The device budget's bookkeeping: which lane holds which ring, how many expert slots are
-left (budget_rule.py's rule), and the split's log line, once per change.
+left (kv/budget_rule.py's rule), and the split's log line, once per change.
 
 `strata generate` admits its one run (`admit(0, ask)`) and keeps that split; `strata serve`
 admits each request as it takes a lane and finishes it when the request ends, and the
@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from strata.moe.budget_rule import MIB, BudgetShape, BudgetSplit, grant, split
+from strata.kv.budget_rule import MIB, BudgetShape, BudgetSplit, grant, split
 
 log = logging.getLogger("strata.budget")  # INFO: each change of the split (the command line shows them)
 

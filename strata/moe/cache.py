@@ -20,12 +20,15 @@ steps), `stats`.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
 from strata.moe.cost import CostModel
-from strata.moe.experts import ExpertWeights
 from strata.moe.slots import ExpertSlots, SlotCounters, Take
+
+if TYPE_CHECKING:
+    from strata.models.experts import ExpertWeights
 
 
 def expert_params(e: ExpertWeights) -> int:

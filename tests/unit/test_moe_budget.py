@@ -1,4 +1,4 @@
-"""The device budget (moe/budget_rule.py, budget.py): the split rule on a worked example, the
+"""The device budget (kv/budget_rule.py, budget.py): the split rule on a worked example, the
 generate sizing, and, through random admissions and finishes with a real CachedBank resized
 to each split, that slots x expert bytes + ring cells x bytes per cell never exceed it; the
 flags validated by name (moe/options.py)."""
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from strata.errors import ConfigError
 from strata.kv.ring_rule import RingSizing
 from strata.moe.budget import DeviceBudget
-from strata.moe.budget_rule import MIB, BudgetShape, expert_slots, grant, ring_ask
+from strata.kv.budget_rule import MIB, BudgetShape, expert_slots, grant, ring_ask
 from strata.moe.cache import CachedBank
 from strata.moe.options import MoEOptions
 from tests.unit.test_moe_experts import dense_expert

@@ -23,7 +23,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from strata.moe.bank import ResidentBank
+from strata.models.expert_bank import ResidentBank
 from strata.moe.cache import CachedBank, expert_params
 from strata.moe.cost import CostModel
 from strata.moe.evict import EVICT_POLICIES

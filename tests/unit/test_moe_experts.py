@@ -1,4 +1,4 @@
-"""An expert slot (moe/experts.py) computes exactly what the expert copied into it computes,
+"""An expert slot (models/experts.py) computes exactly what the expert copied into it computes,
 across refills, for dense and in-place quantized projections."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from gguf.quants import quantize
 
 from strata.models.linear import Linear
 from strata.models.quant import QuantMatmul, quant_from_blocks
-from strata.moe.bank import ResidentBank
-from strata.moe.experts import ExpertWeights
+from strata.models.expert_bank import ResidentBank
+from strata.models.experts import ExpertWeights
 
 
 def dense_expert(gen: torch.Generator, hidden: int, width: int) -> ExpertWeights:

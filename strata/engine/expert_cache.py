@@ -20,7 +20,7 @@ from strata.cells.storage import KVStorage
 from strata.config import EngineConfig
 from strata.errors import ConfigError
 from strata.moe.budget import DeviceBudget
-from strata.moe.budget_rule import MIB, BudgetShape
+from strata.kv.budget_rule import MIB, BudgetShape
 from strata.moe.cache import CachedBank
 from strata.moe.cost import CostModel
 

@@ -15,7 +15,7 @@ from typing import Protocol
 
 import torch
 
-from strata.moe.experts import ExpertWeights
+from strata.models.experts import ExpertWeights
 
 
 class ExpertBank(Protocol):
