@@ -58,7 +58,9 @@ class RingCells:
         raise TypeError("reads through the ring are slices of one buffer")
 
     def kernel_view(self, dtype: torch.dtype) -> Tensor | None:
-        return None  # two buffers (arena, staging): attention reads them run by run
+        """The arena's storage: the fused decode attention reads through the ring only spans
+        of arena cells (runner/ring_reads.py), whose virtual cells are the arena's own."""
+        return self.arena.kernel_view(dtype)
 
     def write(self, index: Tensor, x: Tensor) -> None:
         """x [kv_heads, len(index), head_dim] into virtual cells `index` (split by the step

@@ -109,7 +109,8 @@ class ModelRunner:
             return self.lanes.logits(inputs, logits_rows)
         step = self.ring.prepare(inputs.work, inputs.meta.write_index, busy_lanes)
         try:
-            metas = ring_metas(inputs.work, step, self.model.cfg.windows)
+            kernel = self.model.decode_attention_kernel(self.kv.dtype)
+            metas = ring_metas(inputs.work, step, self.model.cfg.windows, kernel)
             logits = self.lanes.logits(inputs, logits_rows, step, metas)
         except BaseException:
             self.ring.abort(step)
