@@ -75,13 +75,14 @@ def grow_step_windows(work: Sequence[LaneWork], seqs: Mapping[str, Seq], lanes: 
     if not layout.window_pools:
         return tuple(work)
     needs = [0] * len(layout.window_pools)
-    for w in work:
-        for g, n in enumerate(layout.num_window_chunks_to_grow(seqs[w.request_id].conv.table, w.num_cells)):
+    for w in work:  # a draft model's drafts (--spec draft) are written this step too
+        for g, n in enumerate(layout.num_window_chunks_to_grow(seqs[w.request_id].conv.table,
+                                                               w.num_cells + w.draft_slots)):
             needs[g] += n
     make_window_room(lanes, needs)
     out = []
     for w in work:
         table = seqs[w.request_id].conv.table
-        layout.grow_windows(table, w.num_cells)
+        layout.grow_windows(table, w.num_cells + w.draft_slots)
         out.append(replace(w, window_ids=tuple(tuple(x.chunk_ids) for x in table.windows)))
     return tuple(out)

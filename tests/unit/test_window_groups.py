@@ -143,3 +143,14 @@ def test_a_windowed_table_never_exceeds_its_bound(window, chunk, pieces):
     t.append_cells(0)
     wt.release(t.windows[0])
     assert pool.num_held == 0
+
+
+def test_pool_stats_count_each_windowed_group():
+    s = Scheduler(windowed(), num_lanes=2, max_context=64, prefill_chunk=32)
+    d = Driver(s)
+    s.add("a", list(range(1, 23)))
+    d.step()
+    (g,) = s.stats().groups
+    assert (g.window, g.num_chunks_total, g.num_chunks_held, g.num_chunks_free) == (8, 12, 3, 9)
+    assert g.chunks_per_lane == (3, 0)  # 22 cells: 22 reads 15.., the prompt's end (21) 14..: chunks 3..5
+    assert s.stats().num_chunks_held == 6  # the full group: the prompt and one token (23 cells)
