@@ -110,6 +110,14 @@ def kept_only(w: WindowIds, num_cells: int) -> list[int]:
     return [i for i in w.chunk_ids[:first] if i is not None]
 
 
+def keep_only(w: WindowIds, position: int, num_cells: int) -> int:
+    """Every kept window gives way but the one before `position` (held: an admission goes on
+    from there). Returns the ids released."""
+    assert is_held(w, position)
+    w.kept = [position] if position < num_cells else []
+    return pass_window(w, num_cells)
+
+
 def drop_kept(w: WindowIds, num_cells: int) -> int:
     """The kept windows give way: a branch from them recomputes. Returns the ids released."""
     w.kept = []
