@@ -182,11 +182,6 @@ def truncate(w: WindowIds, num_cells: int) -> tuple[int, int, int] | None:
     return old, new, num_cells % c
 
 
-def num_freed_if_truncated(w: WindowIds, num_cells: int) -> int:
-    keep = -(-num_cells // w.pool.chunk_size)
-    return w.pool.num_freed_by_release([i for i in w.chunk_ids[keep:] if i is not None])
-
-
 def adopt(w: WindowIds, index: int, chunk_id: int | None) -> bool:
     """Hold `chunk_id` (full, the same K/V: another conversation's) in place of chunk `index`,
     where both are held and differ; returns whether it did."""
