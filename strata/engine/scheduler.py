@@ -204,12 +204,12 @@ class Scheduler:
             # the conversation writes into a private copy of it (engine/holds.py).
             if plan.num_cached < conv.num_cells or self.layout.num_chunks_to_truncate(conv.table, plan.num_cached):
                 make_window_room(self.lanes, self.layout.num_window_chunks_to_truncate(conv.table, plan.num_cached),
-                                 (conv,))
+                                 ((conv, plan.num_cached),))
                 copies += self.layout.truncate(conv.table, plan.num_cached)
                 self.cache.cut(conv, plan.num_cached)
         elif plan.reuse is Reuse.FORK:
             make_window_room(self.lanes, self.layout.num_window_chunks_to_fork(source.table, plan.num_cached),
-                             (source,))
+                             ((source, plan.num_cached),))
             table, fork_copies = self.layout.fork(source.table, plan.num_cached, lane.index)
             copies += fork_copies
             conv = Conversation(self.cache.new_id(), table, source.token_ids[: plan.num_cached])

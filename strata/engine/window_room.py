@@ -32,28 +32,36 @@ def _short(lanes: Lanes, needs: Sequence[int], chosen: Iterable[Conversation]) -
     return any(need > pool.num_free + f for need, pool, f in zip(needs, pools, freed))
 
 
-def _drop_kept(lanes: Lanes, needs: Sequence[int], protect: Iterable[Conversation]) -> None:
-    """Step (1): kept windows give way, in the module's order, until `needs` are covered."""
-    layout, skip = lanes.layout, {c.conv_id for c in protect}
+def _drop_kept(lanes: Lanes, needs: Sequence[int], protect: Mapping[int, int]) -> None:
+    """Step (1): kept windows give way, in the module's order, until `needs` are covered; a
+    protected conversation (id -> position) keeps the window before its position only."""
+    layout = lanes.layout
     idle = lanes.cache.idle_lru()
     active = sorted((c for c in lanes.cache if c.is_active), key=lambda c: c.last_used)
     for conv in idle + active:
         if not _short(lanes, needs, ()):
             return
-        if conv.conv_id not in skip and any(layout.num_window_chunks_kept([conv.table])):
+        if not any(layout.num_window_chunks_kept([conv.table])):
+            continue
+        if conv.conv_id in protect:
+            layout.keep_window_only(conv.table, protect[conv.conv_id])
+        else:
             layout.drop_kept_windows(conv.table)
 
 
-def make_window_room(lanes: Lanes, needs: Sequence[int], protect: Iterable[Conversation] = ()) -> int:
-    """Idle conversations (never `protect`'s) give way, least recently used first, until every
-    windowed pool has `needs[g]` free chunks. Returns how many gave way."""
+def make_window_room(lanes: Lanes, needs: Sequence[int], protect: Iterable[tuple[Conversation, int]] = ()) -> int:
+    """Idle conversations (never `protect`'s: a conversation and the position an admission goes on
+    from, whose window stays) give way, in the module's order, until every windowed pool has
+    `needs[g]` free chunks. Returns how many conversations gave way."""
+    protect = tuple(protect)
     if not _short(lanes, needs, ()):
         return 0
-    _drop_kept(lanes, needs, protect)
+    protected = {c.conv_id: n for c, n in protect}
+    _drop_kept(lanes, needs, protected)
     if not _short(lanes, needs, ()):
         return 0
     chosen: list[Conversation] = []
-    for conv in lanes.cache.idle_lru(exclude=tuple(protect)):
+    for conv in lanes.cache.idle_lru(exclude=tuple(c for c, _ in protect)):
         chosen.append(conv)
         if not _short(lanes, needs, chosen):
             break
@@ -75,13 +83,14 @@ def grow_step_windows(work: Sequence[LaneWork], seqs: Mapping[str, Seq], lanes: 
     if not layout.window_pools:
         return tuple(work)
     needs = [0] * len(layout.window_pools)
-    for w in work:
-        for g, n in enumerate(layout.num_window_chunks_to_grow(seqs[w.request_id].conv.table, w.num_cells)):
+    for w in work:  # a draft model's drafts (--spec draft) are written this step too
+        for g, n in enumerate(layout.num_window_chunks_to_grow(seqs[w.request_id].conv.table,
+                                                               w.num_cells + w.draft_slots)):
             needs[g] += n
     make_window_room(lanes, needs)
     out = []
     for w in work:
         table = seqs[w.request_id].conv.table
-        layout.grow_windows(table, w.num_cells)
+        layout.grow_windows(table, w.num_cells + w.draft_slots)
         out.append(replace(w, window_ids=tuple(tuple(x.chunk_ids) for x in table.windows)))
     return tuple(out)

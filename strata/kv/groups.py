@@ -64,7 +64,9 @@ def lane_window_chunks(window: int, chunk_size: int, step_cells: int) -> int:
 
 
 def window_pool_chunks(window: int, chunk_size: int, num_lanes: int, step_cells: int, num_parked: int) -> int:
-    """A windowed group's pool: every lane's window and step (`lane_window_chunks`), so no lane
-    ever waits or ends for windowed room, and the windows of `num_parked` idle conversations
-    besides (more idle conversations give way, least recently used first)."""
-    return num_lanes * lane_window_chunks(window, chunk_size, step_cells) + num_parked * window_bound(window, chunk_size)
+    """A windowed group's pool: every lane's window and step (`lane_window_chunks`), and the window
+    an admission branches from with the chunk its fork copies, so no lane ever waits or ends for
+    windowed room; and the windows of `num_parked` idle conversations besides (more idle
+    conversations give way, least recently used first)."""
+    bound = window_bound(window, chunk_size)
+    return num_lanes * lane_window_chunks(window, chunk_size, step_cells) + (num_parked + 1) * bound + 1

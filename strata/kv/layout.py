@@ -83,6 +83,11 @@ class KVLayout(ABC):
         return tuple(pool.num_freed_by_release([i for t in tables for i in wt.kept_only(t.windows[g], t.num_cells)])
                      for g, pool in enumerate(self.window_pools))
 
+    def keep_window_only(self, table: ChunkTable, position: int) -> None:
+        """Every kept window of `table` gives way but the one before `position`."""
+        for w in table.windows:
+            wt.keep_only(w, position, table.num_cells)
+
     def drop_kept_windows(self, table: ChunkTable) -> None:
         for w in table.windows:
             wt.drop_kept(w, table.num_cells)

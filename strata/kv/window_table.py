@@ -110,6 +110,14 @@ def kept_only(w: WindowIds, num_cells: int) -> list[int]:
     return [i for i in w.chunk_ids[:first] if i is not None]
 
 
+def keep_only(w: WindowIds, position: int, num_cells: int) -> int:
+    """Every kept window gives way but the one before `position` (held: an admission goes on
+    from there). Returns the ids released."""
+    assert is_held(w, position)
+    w.kept = [position] if position < num_cells else []
+    return pass_window(w, num_cells)
+
+
 def drop_kept(w: WindowIds, num_cells: int) -> int:
     """The kept windows give way: a branch from them recomputes. Returns the ids released."""
     w.kept = []
@@ -172,11 +180,6 @@ def truncate(w: WindowIds, num_cells: int) -> tuple[int, int, int] | None:
     w.pool.release([old])
     w.chunk_ids[-1] = new
     return old, new, num_cells % c
-
-
-def num_freed_if_truncated(w: WindowIds, num_cells: int) -> int:
-    keep = -(-num_cells // w.pool.chunk_size)
-    return w.pool.num_freed_by_release([i for i in w.chunk_ids[keep:] if i is not None])
 
 
 def adopt(w: WindowIds, index: int, chunk_id: int | None) -> bool:

@@ -143,3 +143,91 @@ def test_a_windowed_table_never_exceeds_its_bound(window, chunk, pieces):
     t.append_cells(0)
     wt.release(t.windows[0])
     assert pool.num_held == 0
+
+
+def test_pool_stats_count_each_windowed_group():
+    s = Scheduler(windowed(), num_lanes=2, max_context=64, prefill_chunk=32)
+    d = Driver(s)
+    s.add("a", list(range(1, 23)))
+    d.step()
+    (g,) = s.stats().groups
+    assert (g.window, g.num_chunks_total, g.num_chunks_held, g.num_chunks_free) == (8, 12, 3, 9)
+    assert g.chunks_per_lane == (3, 0)  # 22 cells: 22 reads 15.., the prompt's end (21) 14..: chunks 3..5
+    assert s.stats().num_chunks_held == 6  # the full group: the prompt and one token (23 cells)
+
+
+TRAFFIC: list[tuple[int, int, int]] = []  # per example: chunks passed, evictions, cached tokens
+
+
+@settings(max_examples=40, deadline=None)
+@given(window=st.sampled_from([3, 8, 13]), chunk=st.sampled_from([2, 4, 8]), keep=st.integers(0, 2),
+       ops=st.lists(st.tuples(st.sampled_from(["new", "follow", "branch", "step", "finish", "abort", "park"]),
+                              st.integers(0, 9), st.integers(1, 30)), min_size=5, max_size=40))
+def test_any_traffic_keeps_every_groups_invariants(window, chunk, keep, ops):
+    """Follow-ups, branches, aborts and parks through pools sized as build.py sizes them, the
+    windowed ones with room for few idle windows: every step's invariants hold (refcounts per
+    group, windows held, nothing passed kept), and no lane is ever short of windowed room."""
+    from strata.kv.groups import window_pool_chunks
+
+    lanes, max_context, piece = 3, 64, 6
+    layout = PooledLayout(lanes * (max_context // chunk + 1), chunk,
+                          [(window, window_pool_chunks(window, chunk, lanes, piece, keep))])
+    s = Scheduler(layout, num_lanes=lanes, max_context=max_context, prefill_chunk=piece)
+    d = Driver(s)
+    rid = passed = 0
+    for op, a, n in ops:
+        held = [c for c in s.cache]
+        if op in ("follow", "branch") and held:
+            conv = held[a % len(held)]
+            cut = conv.num_cells if op == "follow" else max(1, conv.num_cells * a // 10)
+            prompt = conv.token_ids[:cut] + list(range(5000 + rid, 5000 + rid + n))
+        else:
+            prompt = list(range(100 * a, 100 * a + n))
+        if op in ("new", "follow", "branch") and len(prompt) + 4 < max_context:
+            rid += 1
+            s.add(f"r{rid}", prompt)
+        elif op == "finish" and s.seqs:
+            s.finish(sorted(s.seqs)[a % len(s.seqs)])
+        elif op == "abort" and s.seqs:
+            s.abort(sorted(s.seqs)[a % len(s.seqs)])
+        elif op == "park":
+            idle = [ln.index for ln in s.lanes if ln.is_idle]
+            if idle:
+                s.park(idle[a % len(idle)])
+        for seq in list(s.seqs.values()):  # nothing runs past the context
+            if seq.conv.num_cells + 2 >= max_context:
+                s.finish(seq.request_id)
+        d.step()
+        passed += sum(1 for c in s.cache for i in c.table.windows[0].chunk_ids if i is None)
+    for request_id in list(s.seqs):
+        s.finish(request_id)
+    s.clear_cache()
+    TRAFFIC.append((passed, s.counters.num_evictions, s.counters.num_cached_tokens))
+    assert layout.pool.num_held == 0 and all(p.num_held == 0 for p in layout.window_pools)
+
+
+def test_the_traffic_passed_windows_evicted_and_reused():
+    """The property above is not vacuous: its examples released chunks, evicted and reused."""
+    TRAFFIC.clear()
+    test_any_traffic_keeps_every_groups_invariants()
+    assert max(t[0] for t in TRAFFIC) > 0 and max(t[1] for t in TRAFFIC) > 0 and max(t[2] for t in TRAFFIC) > 0
+
+
+def test_a_branch_under_pressure_keeps_the_window_it_goes_on_from():
+    """The branch's source gives way its other kept windows, never the one the branch reads."""
+    s = Scheduler(windowed(window_chunks=7), num_lanes=2, max_context=64, prefill_chunk=32)
+    d = Driver(s)
+    s.add("a", list(range(1, 11)))
+    for _ in range(21):
+        d.step()
+    s.finish("a")
+    conv = s.lanes[0].conv
+    s.add("b", list(conv.token_ids) + [2000, 5, 6])  # a follow-up to 33 cells: 30 and 32 are kept too
+    d.step(finish=["b"])
+    assert wids(s, 0) == [0, 1, 2, None, None, 5, 6, 3, 4] and s.layout.window_pools[0].num_free == 0
+    s.add("c", list(conv.token_ids[:10]) + [77])  # a regenerate of the first turn: its window is kept (9)
+    p = d.step()
+    assert p.admitted[0].num_cached == 10 and s.counters.num_evictions == 0
+    assert wids(s, 0) == [0, 1, 2, None, None, None, 6, 3, 4]  # 30's kept window (chunk 5) gave way
+    assert conv.table.windows[0].kept == [10]
+    assert wids(s, 1) == [0, 1, 5] and CellCopy(2, 5, 0, 2, 1) in p.copies  # into the id 30's window gave back
