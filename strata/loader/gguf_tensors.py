@@ -80,13 +80,7 @@ def iter_gguf_tensors(reader: GGUFReader, cfg: ModelConfig, path: str, weights: 
                 if weights != "dense":
                     yield name + ".quant", qw
                 continue
-            try:
-                data = dequantize(np.asarray(t.data), t.tensor_type)
-            except Exception as exc:
-                raise LoaderError(f"{path}: tensor {t.name!r} is unreadable ({exc})") from exc
-            if int(np.prod(shape)) != data.size:
-                raise LoaderError(f"{path}: tensor {t.name!r} holds {data.size} values, shape says {shape}")
-            tensor = torch.from_numpy(np.array(data, dtype=np.float32)).reshape(shape)  # owned copy
+            tensor = _dequantized(t, shape, path)
             if cfg.arch in NORM_PLUS_ONE_ARCHES and name.endswith("norm.weight"):
                 tensor = tensor - 1.0  # the file's 1 + w -> HF's w (models/gemma3.py adds the 1)
             yield name, tensor if heads is None else unpermute_qk(tensor, heads)
@@ -107,12 +101,17 @@ def _stacked_experts(f, t, name: str, shape: tuple[int, ...], path: str, weights
             if weights != "dense":
                 yield name.format(e=e) + ".quant", qw
         return
+    stacked = _dequantized(t, shape, path)
+    for e in range(n):
+        yield name.format(e=e), stacked[e]
+
+
+def _dequantized(t, shape: tuple[int, ...], path: str) -> torch.Tensor:
+    """float32 `shape`: tensor `t` dequantised by gguf-py, an owned copy."""
     try:
         data = dequantize(np.asarray(t.data), t.tensor_type)
     except Exception as exc:
         raise LoaderError(f"{path}: tensor {t.name!r} is unreadable ({exc})") from exc
     if int(np.prod(shape)) != data.size:
         raise LoaderError(f"{path}: tensor {t.name!r} holds {data.size} values, shape says {shape}")
-    stacked = torch.from_numpy(np.array(data, dtype=np.float32)).reshape(shape)  # owned copy
-    for e in range(n):
-        yield name.format(e=e), stacked[e]
+    return torch.from_numpy(np.array(data, dtype=np.float32)).reshape(shape)
