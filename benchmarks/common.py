@@ -34,7 +34,16 @@ def pyplot():
 
 
 def peak_rss_mib() -> float:
-    """This process's peak resident set size (Linux reports KiB)."""
+    """This process's peak resident set size: /proc's VmHWM, which starts afresh at exec
+    (getrusage's ru_maxrss keeps the parent's peak across fork and exec, so an arm lighter than
+    the benchmark that started it would read the parent's); getrusage where there is no /proc."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
