@@ -100,7 +100,9 @@ def cap(case, tame: bool) -> None:
             for key in NEUTRAL_ONLY:
                 body.pop(key, None)
         value = body.get("max_output_tokens")
-        if not (isinstance(value, int) and not isinstance(value, bool)) or value > MAX_NEW:
+        # Absent, null or too many: MAX_NEW. Any other value stays as generated, so a negative
+        # case whose only spoiled field this is (a string, say) is still refused, not repaired.
+        if value is None or (isinstance(value, int) and not isinstance(value, bool) and value > MAX_NEW):
             body["max_output_tokens"] = MAX_NEW
         return
     if isinstance(body, dict) and ("messages" in body or "prompt" in body):
