@@ -101,7 +101,7 @@ def take_snapshot(scheduler: Scheduler, ring: KVRing | None, retry_after: int, b
         bytes_per_cell=bytes_per_cell,
         ring=ring.stats() if ring is not None else None,
         spec=dataclasses.replace(scheduler.drafts.counters) if scheduler.drafts is not None else None,
-        moe=bank.stats() if hasattr(bank, "stats") else None,
+        moe=bank.stats() if bank is not None else None,
         group_bytes_per_cell=group_bytes_per_cell,
     )
 

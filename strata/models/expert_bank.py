@@ -19,7 +19,15 @@ from strata.models.experts import ExpertWeights
 
 
 class ExpertBank(Protocol):
+    prefetch: bool  # whether the model should `hint` each next MoE layer's likely experts
+
     def plan(self, layer: int, experts: Sequence[int]) -> None: ...
+
+    def hint(self, layer: int, experts: Sequence[int]) -> None: ...
+
+    def stats(self) -> dict | None:
+        """The bank's counters for snapshots (None: it keeps none)."""
+        ...
 
     def run(self, layer: int, expert: int, x: torch.Tensor) -> torch.Tensor:
         """x [rows, hidden] -> [rows, hidden], the expert's output, not router-weighted."""
@@ -30,12 +38,20 @@ class ResidentBank:
     """Every expert on the compute device: `experts[layer][e]` (layer = the model's layer
     index; dense layers hold an empty list)."""
 
+    prefetch = False
+
     def __init__(self, experts: list[list[ExpertWeights]], ops=None):
         self.experts = experts
         self.ops = ops
 
     def plan(self, layer: int, experts: Sequence[int]) -> None:
         pass
+
+    def hint(self, layer: int, experts: Sequence[int]) -> None:
+        pass
+
+    def stats(self) -> None:
+        return None
 
     def run(self, layer: int, expert: int, x: torch.Tensor) -> torch.Tensor:
         return self.experts[layer][expert](x, self.ops)

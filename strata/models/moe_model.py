@@ -37,7 +37,7 @@ class MoeDecoderLayer(DecoderLayer):
     def ffn(self, h: torch.Tensor, ops=None, bank=None, kinds=None) -> torch.Tensor:
         if self.moe is None:
             return super().ffn(h, ops, kinds=kinds)
-        if self.next_moe is not None and getattr(bank, "prefetch", False):
+        if self.next_moe is not None and bank.prefetch:
             bank.hint(self.next_moe.layer, likely_experts(self.next_moe, h))
         return self.moe(h, bank, ops)
 
