@@ -17,7 +17,7 @@ from strata.drafting.draft_model import check_draft_vocab, load_draft_model
 from strata.drafting.planner import DraftPlanner, ModelPlanner, NgramPlanner
 from strata.engine.memory import MemoryPlan, check_memory
 from strata.engine.scheduler import Scheduler
-from strata.kv.groups import LayerGroup, layer_groups, window_pool_chunks
+from strata.kv.groups import LayerGroup, describe_groups, layer_groups, window_pool_chunks
 from strata.kv.layout import KVLayout, PooledLayout
 from strata.kv.reserve import ReservedLayout
 from strata.kv.ring_rule import round_up
@@ -157,9 +157,9 @@ def build_parts(config: EngineConfig, source: ModelSource | None, progress: bool
                        model.layer_devices, groups=groups,
                        group_chunks=(pool.num_total, *(p.num_total for p in layout.window_pools)))
         if len(groups) > 1:
-            log.info("KV layer groups: %s", ", ".join(
-                f"{'full' if g.window is None else f'window {g.window}'}: {len(g.layers)} layers, {p.num_total} chunks"
-                for g, p in zip(groups, (pool, *layout.window_pools))))
+            log.info("KV layer groups: %s", describe_groups(
+                groups, [p.num_total for p in (pool, *layout.window_pools)], pool.chunk_size,
+                [kv.group_bytes_per_cell(g) for g in range(len(groups))]))
     else:  # the pool in host memory, a ring of pages on each layer's device in front of it
         accelerated = any(d.type != "cpu" for d in model.layer_devices)
         kv = KVStorage(pool.num_total, pool.chunk_size, cfg.num_kv_heads, cfg.head_dim, config.kv_dtype,

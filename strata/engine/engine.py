@@ -262,11 +262,13 @@ class Engine:
         kv = self._kv
         groups = tuple(kv.group_bytes_per_cell(g) for g in range(len(kv.groups)))
         return take_snapshot(self._scheduler, self._ring, self.retry_after(), kv.bytes_per_cell,
-                             getattr(self._model, "bank", None), groups)
+                             getattr(self._model, "bank", None), groups, tuple(len(g.layers) for g in kv.groups))
 
     def picture(self, step: int) -> PoolPicture:
         """The Monitor's picture of every chunk, lane and parked conversation (`step`: its number)."""
-        return take_picture(self._scheduler, self.max_context, step)
+        kv = self._kv
+        groups = tuple((g.layers, kv.group_bytes_per_cell(i)) for i, g in enumerate(kv.groups))
+        return take_picture(self._scheduler, self.max_context, step, groups)
 
     def held_conversations(self) -> list[tuple[int, list[int]]]:
         """(conversation id, a copy of its tokens) for every conversation held: running, idle or parked."""

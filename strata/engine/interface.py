@@ -5,7 +5,7 @@ replicas) use of `strata.engine`. Nothing outside engine/ imports another module
 from strata.engine.engine import Engine
 from strata.engine.info import EngineInfo
 from strata.engine.outputs import Collected, collect
-from strata.engine.picture import LanePicture, ParkedPicture, PoolPicture
+from strata.engine.picture import GroupPicture, LanePicture, ParkedPicture, PoolPicture
 from strata.engine.prompt import Prompt, check_prompt
 from strata.engine.request import RequestOutput, Timings
 from strata.engine.session import SessionRestored, SessionSaved
@@ -18,6 +18,7 @@ __all__ = [
     "Engine",
     "EngineInfo",
     "EngineSnapshot",
+    "GroupPicture",
     "LanePicture",
     "LaneView",
     "ParkedPicture",

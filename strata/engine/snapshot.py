@@ -47,6 +47,7 @@ class EngineSnapshot:
     moe: dict | None = None  # --moe-resident / --device-memory: the expert cache's counters (CachedBank.stats)
     # With layer groups: K and V of one position in each group's layers (the full group's first)
     group_bytes_per_cell: tuple[int, ...] = ()
+    group_layers: tuple[int, ...] = ()  # with layer groups: each group's number of layers (the full group's first)
 
     @property
     def usage_ratio(self) -> float:
@@ -63,7 +64,8 @@ class EngineSnapshot:
 
 
 def take_snapshot(scheduler: Scheduler, ring: KVRing | None, retry_after: int, bytes_per_cell: int,
-                  bank=None, group_bytes_per_cell: tuple[int, ...] = ()) -> EngineSnapshot:
+                  bank=None, group_bytes_per_cell: tuple[int, ...] = (),
+                  group_layers: tuple[int, ...] = ()) -> EngineSnapshot:
     """Call where the scheduler is not changing (the thread that steps the engine)."""
     stats = scheduler.stats()
     active: set[int] = set()
@@ -103,6 +105,7 @@ def take_snapshot(scheduler: Scheduler, ring: KVRing | None, retry_after: int, b
         spec=dataclasses.replace(scheduler.drafts.counters) if scheduler.drafts is not None else None,
         moe=bank.stats() if bank is not None else None,
         group_bytes_per_cell=group_bytes_per_cell,
+        group_layers=group_layers,
     )
 
 

@@ -6,6 +6,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from strata.kv import window_table as wt
+
 if TYPE_CHECKING:
     from strata.engine.holds import SessionHolds
     from strata.engine.lanes import Lanes
@@ -35,6 +37,9 @@ class GroupStats:
     num_chunks_held: int
     num_chunks_free: int
     chunks_per_lane: tuple[int, ...]  # the group's chunks each lane's conversation holds
+    num_chunks_kept: int = 0  # held only for kept windows: no holder's next token reads them
+    kept_per_lane: tuple[int, ...] = ()  # of each lane's chunks, those held only for its kept windows
+    kept_windows_per_lane: tuple[int, ...] = ()  # positions whose window before them each lane keeps
 
 
 @dataclass(frozen=True)
@@ -80,9 +85,25 @@ def pool_stats(lanes: Lanes, holds: SessionHolds | None = None) -> PoolStats:
         ),
         num_chunks_session=len(session) if layout.shares_chunks else 0,
         num_sessions=len(holds) if holds is not None else 0,
-        groups=tuple(
-            GroupStats(window, p.num_total, p.num_held, p.num_free,
-                       tuple(len(lane.conv.table.windows[g].held) if lane.conv else 0 for lane in lanes))
-            for g, (window, p) in enumerate(zip(layout.windows, layout.window_pools))
-        ),
+        groups=tuple(_group_stats(lanes, g) for g in range(len(layout.window_pools))),
+    )
+
+
+def _group_stats(lanes: Lanes, g: int) -> GroupStats:
+    """Windowed group g + 1's pool, seen from its conversations and lanes."""
+    layout, cache = lanes.layout, lanes.cache
+    pool, window = layout.window_pools[g], layout.windows[g]
+    held, read = set(), set()
+    for c in cache:
+        w = c.table.windows[g]
+        first = wt.needed_from(c.num_cells, window, pool.chunk_size)
+        held.update(w.held)
+        read.update(i for j, i in enumerate(w.chunk_ids) if i is not None and j >= first)
+    convs = [lane.conv for lane in lanes]
+    return GroupStats(
+        window, pool.num_total, pool.num_held, pool.num_free,
+        chunks_per_lane=tuple(len(c.table.windows[g].held) if c else 0 for c in convs),
+        num_chunks_kept=len(held - read),
+        kept_per_lane=tuple(len(wt.kept_only(c.table.windows[g], c.num_cells)) if c else 0 for c in convs),
+        kept_windows_per_lane=tuple(len(c.table.windows[g].kept) if c else 0 for c in convs),
     )

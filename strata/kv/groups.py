@@ -70,3 +70,28 @@ def window_pool_chunks(window: int, chunk_size: int, num_lanes: int, step_cells:
     conversations give way, least recently used first)."""
     bound = window_bound(window, chunk_size)
     return num_lanes * lane_window_chunks(window, chunk_size, step_cells) + (num_parked + 1) * bound + 1
+
+
+def _ranges(layers: Sequence[int]) -> str:
+    """(0, 1, 2, 4, 6, 7) -> "0-2, 4, 6-7"."""
+    runs: list[list[int]] = []
+    for i in layers:
+        if runs and runs[-1][1] == i - 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def describe_groups(groups: Sequence[LayerGroup], num_chunks: Sequence[int], chunk_size: int,
+                    bytes_per_cell: Sequence[int]) -> str:
+    """Each group's window, layers, chunks and K/V bytes (`bytes_per_cell`: of its layers), for
+    the engine's start line."""
+    def size(num_bytes: int) -> str:
+        mib = 1 << 20
+        return f"{num_bytes / mib:.1f} MiB" if num_bytes >= mib else f"{num_bytes / 1024:.1f} KiB"
+
+    return "; ".join(
+        f"{'full' if g.window is None else f'window {g.window}'}: {len(g.layers)} layer{'s' * (len(g.layers) != 1)}"
+        f" ({_ranges(g.layers) or 'none: no K/V'}), {n} chunks, {size(n * chunk_size * b)}"
+        for g, n, b in zip(groups, num_chunks, bytes_per_cell, strict=True))

@@ -54,13 +54,19 @@ class PoolCollector(Collector):
         yield chunks
         yield cells
         if pool.groups:  # sliding-window layer groups: each its own pool of chunks (docs/windows.md)
-            group = GaugeMetricFamily("strata_kv_window_chunks", "chunks of a sliding-window layer group's pool",
+            group = GaugeMetricFamily("strata_kv_window_chunks", "chunks of a sliding-window layer group's pool "
+                                      "(kept: of the held, those held only for kept windows)",
                                       labels=["window", "state"])
-            for g in pool.groups:
+            layers = GaugeMetricFamily("strata_kv_window_layers", "layers of a sliding-window layer group",
+                                       labels=["window"])
+            assert len(snap.group_layers) == 1 + len(pool.groups), "a windowed group without its layers"
+            for g, num_layers in zip(pool.groups, snap.group_layers[1:]):
                 for state, n in (("total", g.num_chunks_total), ("held", g.num_chunks_held),
-                                 ("free", g.num_chunks_free)):
+                                 ("free", g.num_chunks_free), ("kept", g.num_chunks_kept)):
                     group.add_metric([str(g.window), state], n)
+                layers.add_metric([str(g.window)], num_layers)
             yield group
+            yield layers
         yield GaugeMetricFamily("strata_kv_chunk_cells", "cells per chunk", value=pool.chunk_size)
         yield GaugeMetricFamily("strata_sessions_in_flight", "session files being saved or restored",
                                 value=pool.num_sessions)

@@ -211,7 +211,15 @@ class SlotMoE(BaseModel):
 
 class SlotWindowGroup(BaseModel):
     window: int = Field(..., description="the cells this group's layers read behind each token")
+    layers: int = Field(..., description="the layers of the group (its chunks hold K/V of these only)")
     chunks_held: int = Field(..., description="chunks of the group's own pool the lane's conversation holds")
+    chunks_kept: int = Field(..., description="of those, the chunks held only for kept windows (behind the "
+                                              "window of the next token: where a branch goes on from)")
+    kept_windows: int = Field(..., description="positions (checkpoints, prompts' ends) whose window before "
+                                               "them the lane's conversation keeps")
+    group_chunks_total: int = Field(..., description="the group's whole pool, every lane's (as "
+                                                     "strata_kv_window_chunks{state=\"total\"})")
+    group_chunks_free: int = Field(..., description="of the group's pool, the chunks no conversation holds")
 
 
 class Slot(BaseModel):

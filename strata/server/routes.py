@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 
+from strata.engine.interface import EngineSnapshot
 from strata.server.engine_loop import EngineLoop
 from strata.server.errors import NotReady
 from strata.server.chat_format import ChatFormat
@@ -141,6 +142,16 @@ def _slot_moe(moe: dict | None, lane: int) -> dict | None:
             "bytes_copied_per_token": moe["bytes_copied_per_token"], "budget_ring_cells": rings.get(str(lane))}
 
 
+def _slot_window_groups(snap: EngineSnapshot, lane: int) -> list[dict] | None:
+    """Each windowed layer group's chunks for lane `lane` and the group's pool (None without groups)."""
+    layers = snap.group_layers[1:]
+    assert len(layers) == len(snap.pool.groups), "a windowed group without its layers"
+    return [{"window": g.window, "layers": n, "chunks_held": g.chunks_per_lane[lane],
+             "chunks_kept": g.kept_per_lane[lane], "kept_windows": g.kept_windows_per_lane[lane],
+             "group_chunks_total": g.num_chunks_total, "group_chunks_free": g.num_chunks_free}
+            for g, n in zip(snap.pool.groups, layers)] or None
+
+
 @router.get("/slots", response_model=list[Slot], responses=ERRORS)
 async def slots(request: Request) -> JSONResponse:
     """Each lane: its state, conversation length and chunks held."""
@@ -163,8 +174,7 @@ async def slots(request: Request) -> JSONResponse:
             ring=lane.ring,
             spec=lane.spec,
             moe=_slot_moe(snap.moe, lane.index),
-            window_groups=[{"window": g.window, "chunks_held": g.chunks_per_lane[lane.index]}
-                           for g in snap.pool.groups] or None,
+            window_groups=_slot_window_groups(snap, lane.index),
         ).model_dump()
         for lane in snap.lanes
     ]

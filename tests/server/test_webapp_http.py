@@ -69,6 +69,7 @@ def test_the_feed_shows_a_conversation_and_releases_the_engine_when_closed(main_
     assert watchers(main_server) == 1
     picture = first["picture"]
     assert picture["num_chunks"] == 4096 // 64 and len(picture["lanes"]) == 4 and picture["pooled"]
+    assert picture["groups"] == [] and picture["full_layers"] == []  # no windows: one group, drawn as before
     # 130 prompt ids hold K/V; the one token sampled was never fed back.
     ours = [p for p in picture["parked"] if p["num_cells"] == 130 and p["num_chunks"] == 3]
     assert ours, picture["parked"]

@@ -7,7 +7,8 @@ from test_scheduler import Driver, pooled
 
 from strata.engine.scheduler import Scheduler
 from strata.kv.reserve import ReservedLayout
-from strata.engine.picture import ACTIVE, FREE, PARKED, RESERVED, take_picture
+from strata.engine.picture import ACTIVE, FREE, KEPT, PARKED, RESERVED, take_picture
+from strata.kv.layout import PooledLayout
 from strata.server.monitor.watch import PoolWatch, diff_events
 
 
@@ -100,3 +101,46 @@ def test_a_truncation_names_the_lane_conversation_it_ended():
     after = picture(s, 2)
     assert after.num_truncations == 1
     assert diff_events(before, after) == [("truncation", 1, (2,))]  # the youngest, b, ended
+
+
+GROUPS = (((1,), 100), ((0, 2, 3), 300))  # (layers, K/V bytes per cell): the full group, then window 8's
+
+
+def test_each_windowed_group_is_its_own_chunk_map_with_kept_windows():
+    s = Scheduler(PooledLayout(32, 4, [(8, 12)]), num_lanes=2, max_context=64, prefill_chunk=32)
+    d = Driver(s)
+    s.add("a", list(range(1, 11)))  # its prompt's end (9) keeps the window 2..8: chunks 0, 1, 2
+    for _ in range(21):
+        d.step()
+    s.finish("a")  # 30 cells: the next token (30) reads 23..29, chunks 5, 6, 7 (its cell 30 is in 7)
+    p = take_picture(s, s.max_context, 1, GROUPS)
+    assert (p.full_layers, p.full_bytes_per_cell) == ((1,), 100)
+    assert p.chunk_state[:8] == (PARKED,) * 8 and p.chunk_owner[:9] == (1,) * 8 + (0,)  # the full group keeps all
+    (g,) = p.groups
+    assert (g.window, g.layers, g.bytes_per_cell, g.num_chunks, g.num_chunks_free, g.num_chunks_kept) == (
+        8, (0, 2, 3), 300, 12, 6, 3)
+    assert g.chunk_state[:8] == (KEPT, KEPT, KEPT, FREE, FREE, PARKED, PARKED, PARKED)
+    assert g.chunk_owner[:8] == (1, 1, 1, 0, 0, 1, 1, 1) and g.chunk_filled[:8] == (4, 4, 4, 0, 0, 4, 4, 2)
+    assert g.chunk_state.count(FREE) == g.num_chunks_free and len(g.chunk_owner) == 12
+    assert p.parked[0].window_chunks == (6,) and p.lanes[0].window_chunks == (6,)
+    assert p.lanes[1].window_chunks == (0,)
+
+    tokens = list(s.lanes[0].conv.token_ids)
+    s.add("b", tokens[:10] + [77])  # a regenerate of the first turn: it branches at 10
+    d.step()  # b writes 77 at 10: its next token (11) reads 4..10, chunks 1 and its copy of 2
+    g = take_picture(s, s.max_context, 2, GROUPS).groups[0]
+    assert g.chunk_holders[:3] == (2, 2, 1)  # the full chunks 0, 1 are shared; the partial 2 was copied
+    assert g.chunk_state[:3] == (KEPT, ACTIVE, KEPT)  # 0: a kept window of both; 1: read by running b
+    copy = next(i for i in range(8, 12) if g.chunk_owner[i] == 2)
+    assert g.chunk_state[copy] == ACTIVE and g.chunk_filled[copy] == 3  # cells 8, 9 and 77 at 10
+    stats = s.stats().groups[0]
+    assert stats.num_chunks_kept == g.num_chunks_kept == g.chunk_state.count(KEPT)
+
+
+def test_a_model_without_windows_has_no_group_rows():
+    s = Scheduler(pooled(8, 4), num_lanes=1, max_context=32, prefill_chunk=8)
+    d = Driver(s)
+    s.add("a", [1, 2, 3])
+    d.step()
+    p = picture(s)
+    assert p.groups == () and p.full_layers == () and p.lanes[0].window_chunks == ()

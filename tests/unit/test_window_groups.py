@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from strata.engine.scheduler import Scheduler
 from strata.kv import window_table as wt
-from strata.kv.groups import LayerGroup, layer_groups, window_bound
+from strata.kv.groups import LayerGroup, describe_groups, layer_groups, window_bound
 from strata.kv.layout import PooledLayout
 from strata.kv.table import CellCopy
 from tests.unit.test_scheduler import Driver
@@ -231,3 +231,12 @@ def test_a_branch_under_pressure_keeps_the_window_it_goes_on_from():
     assert wids(s, 0) == [0, 1, 2, None, None, None, 6, 3, 4]  # 30's kept window (chunk 5) gave way
     assert conv.table.windows[0].kept == [10]
     assert wids(s, 1) == [0, 1, 5] and CellCopy(2, 5, 0, 2, 1) in p.copies  # into the id 30's window gave back
+
+
+def test_the_start_line_names_each_groups_layers_chunks_and_bytes():
+    groups = layer_groups((512,) * 5 + (None,) + (512,) * 5 + (None,), 12)
+    line = describe_groups(groups, [100, 30], 256, [2 * 2048, 10 * 2048])
+    assert line == "full: 2 layers (5, 11), 100 chunks, 100.0 MiB; window 512: 10 layers (0-4, 6-10), 30 chunks, 150.0 MiB"
+    mistral = layer_groups((64, 64), 2)
+    assert describe_groups(mistral, [4, 9], 4, [0, 64]) == (
+        "full: 0 layers (none: no K/V), 4 chunks, 0.0 KiB; window 64: 2 layers (0-1), 9 chunks, 2.2 KiB")

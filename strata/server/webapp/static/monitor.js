@@ -4,9 +4,9 @@
 
 import { AuthNeeded, streamEvents } from "./api.js";
 import { drawChart } from "./charts.js";
+import { ChunkMap, bytesText, convColor, placesOf, rangesText } from "./chunks.js";
 
 const $ = (id) => document.getElementById(id);
-const STATES = ["free", "active", "parked", "reserved", "session"];
 const HISTORY = 300;  // samples kept (one a second)
 const MAX_EVENTS = 100;
 
@@ -17,12 +17,23 @@ function el(tag, className, text) {
   return node;
 }
 
-export function convColor(convId) {
-  return `hsl(${(convId * 137.508) % 360}, 70%, 55%)`;
-}
-
 function convLabel(convId) {
   return convId ? `#${convId}` : "—";
+}
+
+// A layer group's label: its window, its layers, its chunks held of its size, and its bytes.
+function groupLabel(name, layers, map, chunkSize, bytesPerCell, kept) {
+  const held = map.num_chunks - map.num_chunks_free;
+  const which = layers.length ? `${layers.length} layer${layers.length > 1 ? "s" : ""} (${rangesText(layers)})`
+    : "no layer (its chunks hold no K/V; they bound each conversation's length)";
+  return `${name} · ${which} · ${held}/${map.num_chunks} chunks held` + (kept ? ` (${kept} kept)` : "") +
+    ` · ${bytesText(map.num_chunks * chunkSize * bytesPerCell)}`;
+}
+
+// A lane's or a parked conversation's chunks: the full group's, then each windowed group's.
+function chunksText(numChunks, windowChunks, groups) {
+  if (!groups.length) return String(numChunks);
+  return `${numChunks} · ` + groups.map((g, k) => `w${g.window}: ${windowChunks[k]}`).join(" · ");
 }
 
 export class Monitor {
@@ -30,7 +41,8 @@ export class Monitor {
     this.askKey = askKey;
     this.controller = null;
     this.samples = [];
-    this.cells = [];
+    this.full = new ChunkMap($("grid"), 0);
+    this.windowRows = [];  // one {label, map} per windowed layer group, in group order
     this.onModel = null;
   }
 
@@ -91,37 +103,37 @@ export class Monitor {
       `${held}/${p.num_chunks} chunks held · ${p.chunk_size} cells each · ${p.pooled ? "shared pool" : "reserved per lane"}` +
       ` · queued ${p.num_queued} · running ${p.num_running}` +
       ` · evictions ${p.num_evictions} · refusals ${p.num_refusals} · truncations ${p.num_truncations}`;
-    this.grid(p);
+    const places = placesOf(p);
+    this.full.draw(p, p.chunk_size, places);
+    this.windowGroups(p, places);
     this.lanes(p);
     this.parked(p);
   }
 
-  grid(p) {
-    const grid = $("grid");
-    if (this.cells.length !== p.num_chunks) {
-      grid.replaceChildren();
-      this.cells = [];
-      for (let i = 0; i < p.num_chunks; i++) {
-        const cell = el("div", "chunk");
-        cell.appendChild(el("div", "fill"));
-        grid.appendChild(cell);
-        this.cells.push(cell);
-      }
+  // With sliding-window layer groups: a label over the full group's row, then one row per window.
+  windowGroups(p, places) {
+    const groups = p.groups || [];
+    $("full-label").hidden = !groups.length;
+    $("legend-kept").hidden = !groups.length;
+    if (groups.length) {
+      $("full-label").textContent = groupLabel("full attention", p.full_layers, p, p.chunk_size, p.full_bytes_per_cell, 0);
     }
-    for (let i = 0; i < p.num_chunks; i++) {
-      const cell = this.cells[i];
-      const owner = p.chunk_owner[i], state = STATES[p.chunk_state[i]], holders = p.chunk_holders[i];
-      cell.className = "chunk " + state + (holders > 1 ? " shared" : "");
-      cell.dataset.chunk = String(i);
-      cell.dataset.conv = String(owner);
-      cell.dataset.state = state;
-      cell.title = `chunk ${i}: ${state}` + (owner ? `, conversation #${owner}` : "") +
-        (holders > 1 ? `, shared by ${holders}` : "") + `, ${p.chunk_filled[i]}/${p.chunk_size} cells`;
-      const fill = cell.firstChild;
-      fill.style.height = `${(100 * p.chunk_filled[i]) / p.chunk_size}%`;
-      cell.style.borderColor = owner ? convColor(owner) : "";
-      fill.style.background = owner ? convColor(owner) : "";
+    const rows = $("window-groups");
+    if (this.windowRows.length !== groups.length) {
+      rows.replaceChildren();
+      this.windowRows = groups.map((g, k) => {
+        const row = rows.appendChild(el("div", "group-row"));
+        row.dataset.group = String(k + 1);
+        row.dataset.window = String(g.window);
+        const label = row.appendChild(el("p", "group-label muted"));
+        return { label, map: new ChunkMap(row.appendChild(el("div", "grid")), k + 1) };
+      });
     }
+    groups.forEach((g, k) => {
+      const { label, map } = this.windowRows[k];
+      label.textContent = groupLabel(`window ${g.window}`, g.layers, g, p.chunk_size, g.bytes_per_cell, g.num_chunks_kept);
+      map.draw(g, p.chunk_size, places);
+    });
   }
 
   lanes(p) {
@@ -140,7 +152,7 @@ export class Monitor {
       if (lane.state === "decode") state += ` +${lane.num_output_tokens}`;
       row.appendChild(el("td", "state", state));
       row.appendChild(el("td", null, String(lane.num_cells)));
-      row.appendChild(el("td", null, String(lane.num_chunks)));
+      row.appendChild(el("td", "chunks", chunksText(lane.num_chunks, lane.window_chunks || [], p.groups || [])));
       const request = row.appendChild(el("td", "request muted", lane.request_id || ""));
       request.title = lane.request_id || "";
       body.appendChild(row);
@@ -157,7 +169,7 @@ export class Monitor {
       const name = item.appendChild(el("span", "conv", convLabel(c.conv_id)));
       name.style.color = convColor(c.conv_id);
       item.appendChild(document.createTextNode(
-        ` ${c.num_cells} cells · ${c.num_chunks} chunks` + (c.lane === null ? " · in the pool" : ` · idle in lane ${c.lane}`)));
+        ` ${c.num_cells} cells · ${chunksText(c.num_chunks, c.window_chunks || [], p.groups || [])} chunks` + (c.lane === null ? " · in the pool" : ` · idle in lane ${c.lane}`)));
       list.appendChild(item);
     }
   }
