@@ -1,7 +1,8 @@
 """Sliding-window layer groups over HTTP (docs/windows.md): a tiny random Gemma 3 (layers 0, 2, 3
 read through a window of 8 cells, layer 1 fully), float32, in a pool of chunks of 4 cells. The
-Monitor's feed draws one chunk map per layer group, and /slots, /metrics and the start line give
-each windowed group's chunks: held, kept for kept windows, free, and its size.
+Monitor's feed draws one chunk map per layer group (and the page, in headless Chromium: see
+browser.py, one row per group), and /slots, /metrics and the start line give each windowed
+group's chunks: held, kept for kept windows, free, and its size.
 
 One conversation of 30 prompt ids, then a follow-up to 50 cells: the windowed group holds the
 window of its next token (50 reads 43..50: chunks 10, 11, 12 of the conversation) and the window
@@ -16,6 +17,7 @@ import logging
 
 import httpx
 import pytest
+from browser import BrowserSession, artifacts_dir, problems
 from serving import RunningServer, engine_loader, sse_events, start_server
 
 from strata.config import EngineConfig
@@ -110,3 +112,28 @@ def test_the_start_line_gives_each_groups_size(gemma3_dir, caplog):
     full, window = (engine._kv.group_bytes_per_cell(g) * CHUNK / 1024 for g in (0, 1))
     assert line == (f"KV layer groups: full: 1 layer (1), 32 chunks, {32 * full:.1f} KiB; "
                     f"window {WINDOW}: 3 layers (0, 2-3), {WINDOW_CHUNKS} chunks, {WINDOW_CHUNKS * window:.1f} KiB")
+
+
+def test_the_monitor_page_draws_a_row_per_group(server, tmp_path_factory):
+    session = BrowserSession()
+    try:
+        page = session.new_page()
+        page.goto(server.base_url + "/#monitor")
+        row = "#window-groups .group-row[data-window='8']"
+        page.wait_for_function(f"() => document.querySelectorAll(\"{row} .chunk\").length === {WINDOW_CHUNKS}")
+        assert page.locator("#grid .chunk").count() == 32  # the full group's row, as without windows
+        ours = page.locator("#parked li", has_text=" 50 cells").get_attribute("data-conv")
+        states = page.eval_on_selector_all(f"{row} .chunk[data-conv='{ours}']",
+                                           "cells => cells.map(c => [+c.dataset.chunk, c.dataset.state])")
+        assert states == [[5, "kept"], [6, "kept"], [7, "kept"], [10, "parked"], [11, "parked"], [12, "parked"]]
+        assert page.locator(f"#grid .chunk[data-conv='{ours}']").count() == 13
+        kib = WINDOW_CHUNKS * CHUNK * 3 * 256 / 1024  # 2 K/V heads of 16 float32s, K and V: 256 bytes a layer
+        assert page.locator(f"{row} .group-label").inner_text() == (
+            f"window 8 · 3 layers (0, 2–3) · 6/{WINDOW_CHUNKS} chunks held (3 kept) · {kib:.1f} KiB")
+        assert page.locator("#full-label").inner_text() == "full attention · 1 layer (1) · 13/32 chunks held · 32.0 KiB"
+        assert " 50 cells · 13 · w8: 6 chunks" in page.locator(f"#parked li[data-conv='{ours}']").inner_text()
+        assert page.locator("#legend-kept").is_visible()
+        page.screenshot(path=str(artifacts_dir(tmp_path_factory) / "monitor-windows.png"))
+        assert problems(page) == []
+    finally:
+        session.close()
