@@ -1,11 +1,13 @@
 """Sliding-window layer groups (docs/windows.md) on Gemma 3 270M: what a long conversation holds.
 
-Two arms, both `--kv-pool-tokens`, both engines in this process, timed parts interleaved:
+Two arms, both `--kv-pool-tokens`, both engines in this process, timed parts interleaved (the
+turn's single steps alternate between the arms):
 - keep: `--kv-window-groups off`, every layer keeps every cell (the layout before groups);
 - groups: each window's layers in their own group, holding only the window (and kept windows).
 Parts: (1) K/V held by one conversation at each length; (2) how many conversations of the
 longest length fit in one byte budget (4 of them without groups) before one gives way; (3) decode
-tok/s and follow-up TTFT at that length (a short turn prefilled for real on top); (4) a branch
+tok/s and follow-up TTFT at that length (a short turn prefilled for real on top), and the decode
+ratio as the median of per-step ratios of back-to-back single steps of both arms; (4) a branch
 from a checkpoint half a context back: with its window kept, then with it given way (recomputed).
 Long contexts are SYNTHETIC K/V written through each group's own table (Engine.restore), as
 benchmarks/pool.py does; the turns and the branch are prefilled for real.
@@ -133,7 +135,9 @@ def count_fits(e, ctx: int) -> int:
 
 def timed_part(model, ctx, chunk, threads, new, rounds) -> dict:
     """Decode tok/s and follow-up TTFT on a synthetic conversation of `ctx` cells, then a branch from
-    a checkpoint half a context back with its window kept and given way; both arms, rounds interleaved."""
+    a checkpoint half a context back with its window kept and given way. Each round runs the turn in
+    both arms at once, single steps interleaved (`interleaved_turn`), so a loaded machine slows both
+    alike; the branches follow, arm by arm."""
     from strata.sampling import SamplingParams
 
     engines = {arm: engine(model, arm, ctx + 1024, chunk, 2 * (ctx + 1024), 1, threads) for arm in ("keep", "groups")}
@@ -141,31 +145,20 @@ def timed_part(model, ctx, chunk, threads, new, rounds) -> dict:
     turn, branch, branch2 = (tok.encode(t, add_special_tokens=False) for t in (TURN, BRANCH, BRANCH2))
     raw = {arm: [] for arm in engines}
     tokens_out = {arm: [] for arm in engines}
+    ratios: list[float] = []
+    base = [100 + (i * 7919) % 20000 for i in range(ctx)]
+    early = ctx // 2  # an early checkpoint: its window is kept (restored with the conversation)
+    params = SamplingParams(temperature=0, max_tokens=new, ignore_eos=True)
+    one = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
     for r in range(rounds):
-        for arm in (("keep", "groups") if r % 2 == 0 else ("groups", "keep")):
-            e = engines[arm]
+        for e in engines.values():
             e._scheduler.clear_cache()
-            base = [100 + (i * 7919) % 20000 for i in range(ctx)]
-            early = ctx // 2  # an early checkpoint: its window is kept (restored with the conversation)
-            conv = e.restore(base, [0, early])
-            fill(e, conv.table, ctx)
-            row = {"follow_ttft_s": None}
-            params = SamplingParams(temperature=0, max_tokens=new, ignore_eos=True)
-            t0 = time.perf_counter()
-            rid = e.submit(base + turn, params)
-            steps, out = [], []
-            while e.has_work:
-                ts = time.perf_counter()
-                for o in e.step():
-                    if o.request_id == rid and o.new_token_ids:
-                        if row["follow_ttft_s"] is None:
-                            row["follow_ttft_s"] = time.perf_counter() - t0
-                        else:
-                            steps.append(time.perf_counter() - ts)
-                        out += list(o.new_token_ids)
-            row["decode_tok_s"] = 1 / statistics.median(steps)
-            tokens_out[arm].append(out)
-            one = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+            fill(e, e.restore(base, [0, early]).table, ctx)
+        turn_rows, round_ratios = interleaved_turn(engines, base + turn, params, first="keep" if r % 2 == 0 else "groups")
+        ratios += round_ratios
+        for arm in (("keep", "groups") if r % 2 == 0 else ("groups", "keep")):
+            e, row = engines[arm], turn_rows[arm]
+            tokens_out[arm].append(row.pop("tokens"))
             # a branch from the early checkpoint, half a context back: its window kept ...
             before, t0 = e._scheduler.counters.num_cached_tokens, time.perf_counter()
             e_generate(e, base[:early] + branch, one)
@@ -182,7 +175,45 @@ def timed_part(model, ctx, chunk, threads, new, rounds) -> dict:
                 row["branch_given_way_cached"] = e._scheduler.counters.num_cached_tokens - before
             raw[arm].append(row)
     med = {arm: {k: statistics.median(r[k] for r in rows if k in r) for k in rows[0]} for arm, rows in raw.items()}
-    return {"raw": raw, "median": med, "same_tokens": tokens_out["keep"] == tokens_out["groups"]}
+    return {"raw": raw, "median": med, "same_tokens": tokens_out["keep"] == tokens_out["groups"],
+            "decode_step_ratios": ratios, "decode_ratio": statistics.median(ratios)}
+
+
+def interleaved_turn(engines: dict, prompt: list[int], params, first: str) -> tuple[dict, list[float]]:
+    """The same turn in every arm at once: one step of each engine in turn (the order alternating
+    from pair to pair, `first` leading), each step timed alone. Returns per arm its follow-up TTFT
+    (its submit and its own steps to the first token: the other arm's steps are not counted), its
+    decode tok/s (1 / the median of its decode steps) and tokens; and, for each pair of decode steps
+    (one of each arm, back to back), keep's step time / groups' (> 1: groups decodes faster)."""
+    order = (first, *(a for a in engines if a != first))
+    rows, rids, steps = {}, {}, {arm: [] for arm in engines}
+    for arm in order:
+        t0 = time.perf_counter()
+        rids[arm] = engines[arm].submit(prompt, params)
+        rows[arm] = {"follow_ttft_s": time.perf_counter() - t0, "tokens": []}
+    ratios, started, i = [], set(), 0
+    while any(e.has_work for e in engines.values()):
+        pair = {}
+        for arm in (order if i % 2 == 0 else order[::-1]):
+            e = engines[arm]
+            if not e.has_work:
+                continue
+            ts = time.perf_counter()
+            got = [t for o in e.step() if o.request_id == rids[arm] for t in o.new_token_ids]
+            dt = time.perf_counter() - ts
+            if arm not in started:
+                rows[arm]["follow_ttft_s"] += dt
+                started.update([arm] if got else [])
+            elif got:
+                steps[arm].append(dt)
+                pair[arm] = dt
+            rows[arm]["tokens"] += got
+        if len(pair) == 2:
+            ratios.append(pair["keep"] / pair["groups"])
+        i += 1
+    for arm in engines:
+        rows[arm]["decode_tok_s"] = 1 / statistics.median(steps[arm])
+    return rows, ratios
 
 
 def e_generate(e, prompt, params) -> list[list[int]]:
@@ -239,9 +270,12 @@ def main() -> None:
     m = timed["median"]
     cols = ["decode_tok_s", "follow_ttft_s", "branch_kept_s", "branch_kept_cached", "branch_given_way_s",
             "branch_given_way_cached"]
-    print_table(f"{ctx} synthetic cells + a real turn, median of {rounds} round(s), {cpu_name()}",
+    print_table(f"{ctx} synthetic cells + a real turn, median of {rounds} round(s), {cpu_name()}; the turn's "
+                "single steps of both arms interleaved (decode tok/s: 1 / median step)",
                 ["arm", *cols], [(arm, *(m[arm].get(k, "-") for k in cols)) for arm in ("keep", "groups")])
-    print(f"decode groups / keep: {m['groups']['decode_tok_s'] / m['keep']['decode_tok_s']:.2f}x; "
+    n = len(timed["decode_step_ratios"])
+    print(f"decode groups / keep: {timed['decode_ratio']:.2f}x, the median of {n} per-step ratios (keep's step "
+          f"time / groups', single steps of both layouts back to back, order alternating); "
           f"same greedy tokens: {timed['same_tokens']}")
     os.makedirs(args.out, exist_ok=True)
     name = "window-quick" if args.quick else "window"
