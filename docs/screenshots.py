@@ -6,7 +6,11 @@ a long token-id prompt that evicts an older conversation, and a second one still
 when the Monitor is captured; then the Chat page after one exchange. Needs Debian's
 Chromium (`apt-get install -y chromium`) and playwright (the test extra).
 
-    python docs/screenshots.py [--port 8181]
+With `--windows`, docs/monitor-windows.png instead: Gemma 3 270M (the gemma3 test package) in a
+pool of chunks of 64 cells, its layer groups drawn a row each, after a long conversation, its
+follow-up (kept windows) and a branch from its first turn (shared windowed chunks).
+
+    python docs/screenshots.py [--port 8181] [--windows]
 """
 
 from __future__ import annotations
@@ -38,13 +42,35 @@ def complete(client: httpx.Client, start: int, n: int) -> None:
     client.post("/v1/completions", json=body).raise_for_status()
 
 
+def windows(page, client: httpx.Client) -> None:
+    """Gemma 3's layer groups: a long conversation, its follow-up, a branch from its first turn."""
+    first = list(range(2000, 2700))  # 700 ids: its prompt's end keeps the window before 699
+    for prompt in (first, first + list(range(5000, 5200)), first + list(range(7000, 7040))):
+        client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 8, "temperature": 0}).raise_for_status()
+    page.wait_for_function("() => document.querySelectorAll('#window-groups .chunk.shared').length > 0")
+    time.sleep(0.5)
+    page.screenshot(path=str(HERE / "monitor-windows.png"))
+
+
+def serve(args) -> subprocess.Popen:
+    flags = FLAGS
+    if args.windows:
+        sys.path.insert(0, str(HERE.parent))
+        from benchmarks.window import gemma3_file
+
+        flags = ["--model", gemma3_file(), "--batch", "1", "--kv-pool-tokens", "2048", "--kv-chunk", "64",
+                 "--max-context", "1024", "--prefill-chunk", "64", "--spec", "off"]
+    return subprocess.Popen([sys.executable, "-m", "strata.cli", "serve", "--port", str(args.port), *flags])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=8181)
     parser.add_argument("--chromium", default="/usr/bin/chromium")
+    parser.add_argument("--windows", action="store_true", help="docs/monitor-windows.png (Gemma 3 270M's layer groups)")
     args = parser.parse_args()
     base = f"http://127.0.0.1:{args.port}"
-    server = subprocess.Popen([sys.executable, "-m", "strata.cli", "serve", "--port", str(args.port), *FLAGS])
+    server = serve(args)
     try:
         while True:
             try:
@@ -58,6 +84,11 @@ def main() -> int:
             page = browser.new_page(viewport={"width": 1360, "height": 760})
             page.goto(base + "/#monitor")
             page.wait_for_selector("#grid .chunk")
+            if args.windows:
+                windows(page, client)
+                browser.close()
+                print(f"wrote {HERE / 'monitor-windows.png'}")
+                return 0
             complete(client, 20000, 500)  # the oldest: it gives way later
             for q in ["Where do ferries dock?", "When does the office open?", "Who signs the manifests?"]:
                 chat(client, q)
