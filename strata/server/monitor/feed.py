@@ -1,7 +1,8 @@
 """The monitor's live feed: server-sent events, `FRAMES_PER_S` frames a second.
 
 Each frame is one JSON object:
-- `picture`: the pool (`picture.PoolPicture`), only when it changed since the last frame;
+- `picture`: the pool (`picture.PoolPicture`, with one chunk map per windowed layer group in
+  `groups` for a sliding-window model in a pool), only when it changed since the last frame;
 - `events`: pool events (`watch.PoolEvent`) not sent before, oldest first;
 - `samples`: machine and server samples (`history.Sample`) not sent before (the first
   frame carries the whole history);
