@@ -164,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="strata: %(message)s")
     logging.getLogger("strata.ring").setLevel(logging.INFO)  # each ring sizing is shown (DESIGN.md)
     logging.getLogger("strata.budget").setLevel(logging.INFO)  # each change of the device budget's split
+    logging.getLogger("strata.groups").setLevel(logging.INFO)  # the sliding-window layer groups' sizing
     try:
         return args.func(args)
     except StrataError as exc:

@@ -32,6 +32,7 @@ from strata.engine.expert_cache import attach_expert_cache
 from strata.runner.runner import ModelRunner
 
 log = logging.getLogger("strata")
+groups_log = logging.getLogger("strata.groups")  # INFO: the layer groups' sizing (the command line shows it, strata/cli.py)
 
 
 @dataclass
@@ -157,7 +158,7 @@ def build_parts(config: EngineConfig, source: ModelSource | None, progress: bool
                        model.layer_devices, groups=groups,
                        group_chunks=(pool.num_total, *(p.num_total for p in layout.window_pools)))
         if len(groups) > 1:
-            log.info("KV layer groups: %s", describe_groups(
+            groups_log.info("KV layer groups: %s", describe_groups(
                 groups, [p.num_total for p in (pool, *layout.window_pools)], pool.chunk_size,
                 [kv.group_bytes_per_cell(g) for g in range(len(groups))]))
     else:  # the pool in host memory, a ring of pages on each layer's device in front of it
