@@ -157,3 +157,27 @@ def test_a_damaged_file_leaves_every_group_as_it_was(engines, grouped_file, tmp_
     engine.restore_session(grouped_file)  # the control: the good file is taken
     assert pools_state(engine) != before
     check_scheduler(engine._scheduler)
+
+
+def test_a_save_in_flight_holds_every_group_while_the_conversation_passes_its_windows(engines, tmp_path):
+    """The save's snapshot shares the windowed chunks: the follow-up meanwhile passes several
+    windows (its chunks behind them go back but the save's stay) and the file equals an idle save."""
+    from tests.model.test_session_inflight import Gate
+
+    engine = engines("gemma3_text", 8, 4, True)
+    engine._scheduler.clear_cache()
+    prompt = list(range(700, 760))
+    (out,) = run(engine, [prompt])
+    history = prompt + out[:-1]
+    idle = tmp_path / "idle.strata"
+    engine.save_session(str(idle), token_ids=history)
+    gate = Gate(at=1)
+    job = engine.begin_save_session(str(tmp_path / "held.strata"), token_ids=history, on_record=gate)
+    assert gate.reached.wait(60)
+    (more,) = run(engine, [history + out[-1:] + list(range(900, 930))])  # 40 cells: five windows on
+    assert not job.done
+    gate.release.set()
+    engine._sessions.wait(job)
+    check_scheduler(engine._scheduler)
+    assert (tmp_path / "held.strata").read_bytes() == idle.read_bytes()
+    assert more == keep_everything(engines, "gemma3_text", 8, [history + out[-1:] + list(range(900, 930))])[0]
