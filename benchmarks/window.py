@@ -6,7 +6,9 @@ Two arms, both `--kv-pool-tokens`, both engines in this process, timed parts int
 Parts: (1) K/V held by one conversation at each length; (2) how many conversations of the
 longest length fit in one byte budget (4 of them without groups) before one gives way; (3) decode
 tok/s and follow-up TTFT at that length (a short turn prefilled for real on top); (4) a branch
-from a checkpoint half a context back: with its window kept, then with it given way (recomputed).
+from a checkpoint half a context back: with its window kept, then with it given way (recomputed);
+(5) a session file of one conversation (checkpoints half and 700 cells back): its size, save and
+restore time (version 2 with groups, version 1 keeping every cell; docs/sessions.md).
 Long contexts are SYNTHETIC K/V written through each group's own table (Engine.restore), as
 benchmarks/pool.py does; the turns and the branch are prefilled for real.
 """
@@ -17,6 +19,7 @@ import argparse
 import gc
 import os
 import statistics
+import struct
 import sys
 import time
 
@@ -185,6 +188,35 @@ def timed_part(model, ctx, chunk, threads, new, rounds) -> dict:
     return {"raw": raw, "median": med, "same_tokens": tokens_out["keep"] == tokens_out["groups"]}
 
 
+def session_part(model, lengths, chunk, threads, rounds, out_dir) -> list[dict]:
+    """A session file of a synthetic conversation of each length: bytes, save and restore ms
+    (medians of `rounds`, warm page cache), each arm's file version."""
+    rows = []
+    for n in lengths:
+        row = {"cells": n}
+        for arm in ("keep", "groups"):
+            e = engine(model, arm, n + chunk, chunk, n + 2 * chunk, 1, threads)
+            tokens = [100 + (i * 7919) % 20000 for i in range(n)]
+            fill(e, e.restore(tokens, sorted({0, n // 2, max(1, n - 700)})).table, n)
+            path, saves, restores = os.path.join(out_dir, f".window-session-{arm}.strata"), [], []
+            for _ in range(rounds):
+                t0 = time.perf_counter()
+                row[f"{arm}_mib"] = e.save_session(path, token_ids=tokens).num_bytes / MIB
+                saves.append(time.perf_counter() - t0)
+                e._scheduler.clear_cache()
+                t0 = time.perf_counter()
+                e.restore_session(path)
+                restores.append(time.perf_counter() - t0)
+            with open(path, "rb") as f:
+                row[f"{arm}_version"] = struct.unpack("<8sI", f.read(12))[1]
+            os.unlink(path)
+            row[f"{arm}_save_ms"], row[f"{arm}_restore_ms"] = (1e3 * statistics.median(x) for x in (saves, restores))
+            del e
+            gc.collect()
+        rows.append(row)
+    return rows
+
+
 def e_generate(e, prompt, params) -> list[list[int]]:
     rid = e.submit(prompt, params)
     out = []
@@ -244,11 +276,18 @@ def main() -> None:
     print(f"decode groups / keep: {m['groups']['decode_tok_s'] / m['keep']['decode_tok_s']:.2f}x; "
           f"same greedy tokens: {timed['same_tokens']}")
     os.makedirs(args.out, exist_ok=True)
+    sessions = session_part(model, lengths, args.chunk, args.threads, rounds, args.out)
+    print_table(f"A session file of one conversation (medians of {rounds}, warm cache), {cpu_name()}",
+                ["cells", "keep MiB", "groups MiB", "keep save ms", "groups save ms", "keep restore ms",
+                 "groups restore ms"], [(r["cells"], r["keep_mib"], r["groups_mib"], r["keep_save_ms"],
+                                         r["groups_save_ms"], r["keep_restore_ms"], r["groups_restore_ms"])
+                                        for r in sessions])
     name = "window-quick" if args.quick else "window"
     png = os.path.join(args.out, f"{name}.png")
     plot(held, png)
     path = write_json(f"{name}.json", {"cpu": cpu_name(), "chunk": args.chunk, "argv": sys.argv, "held": held,
-                                       "capacity": cap, "timed": timed, "synthetic_kv": True}, args.out)
+                                       "capacity": cap, "timed": timed, "sessions": sessions,
+                                       "synthetic_kv": True}, args.out)
     print(f"wrote {path} and {png}; long contexts hold SYNTHETIC K/V (the turns are prefilled for real)")
 
 
