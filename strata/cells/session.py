@@ -115,7 +115,8 @@ def save_cells(path: str, header: SessionHeader, storage: KVStorage, group_ids: 
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(head)
-            buf, parts, groups = RecordBuffer(header.geometry, header.block_cells), layer_parts(storage), header.file_groups
+            buf, parts = RecordBuffer(header.geometry, header.block_cells), layer_parts(storage)
+            groups = header.file_groups
             unsynced = 0
             for i, (g, start, n) in enumerate(header.record_list()):
                 layers = groups[g].layers

@@ -2,11 +2,13 @@
 
 A save holds a snapshot of its conversation's chunk table: positions [0, n) and the chunks
 that hold them, in every layer group (a windowed group's: the chunks of the window before n
-and of the kept windows the file holds, kv/window_table.py's `snapshot`). Where chunks can be shared (the pool) the save takes one more holder on
-each (pool refcounts), so the conversation may go on meanwhile: a follow-up that extends it
-copies the shared partial last chunk into a private one before writing (copy-on-write at
-admission, as a fork does), full chunks are never written again, and a conversation that
-is evicted leaves its chunks held by the save until it ends. Where conversations live in
+and of the kept windows the file holds, kv/window_table.py's `snapshot`). Where chunks can
+be shared (the pool) the save takes one more holder on each (pool refcounts), so the
+conversation may go on meanwhile: a follow-up that extends it copies the shared partial last
+chunk into a private one before writing (copy-on-write at admission, as a fork does, in every
+group), full chunks are never written again, a windowed chunk the conversation passes stays
+held by the save, and a conversation that is evicted leaves its chunks held by the save
+until it ends. Where conversations live in
 their lane's reservation (no sharing), the save pins the lane instead: no request is placed
 in it, and a follow-up of its conversation waits, until the save ends.
 

@@ -17,9 +17,10 @@ then room is planned in every group (`Lanes.plan_restore`: idle conversations gi
 first; in the windowed groups kept windows give way first, the file's own oldest ones before
 any conversation; no room is a `PoolFullError`, kv_pool_full). When taking the room would
 evict a conversation for good (or drop another's kept windows), every record's checksum is
-verified on the worker before anything changes (and room is planned again after). Then the room is taken, held by no conversation, and each record is
-streamed into its cells; only when every checksum passed does the conversation become
-visible, idle: parked, or in the lane asked for. Any error gives the room back, and the pool,
+verified on the worker before anything changes (and room is planned again after). Then the
+room is taken in every group, held by no conversation, and each record is streamed into its
+cells; only when every checksum passed does the conversation become visible, idle: parked,
+or in the lane asked for. Any error gives the room back in every group, and the pool,
 the lanes and the cache are as they were (the K/V of free chunks aside). A request that
 extends the conversation being restored waits for it; an erase of its lane wins.
 """

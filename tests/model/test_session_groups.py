@@ -41,7 +41,8 @@ def pools_state(engine) -> list:
 def windowed_cells(conv, n: int) -> list[int]:
     """Per windowed group: the cells of the chunks the conversation holds there, cut at n."""
     c = conv.table.windows[0].pool.chunk_size
-    return [sum(min((j + 1) * c, n) - j * c for j, i in enumerate(w.chunk_ids) if i is not None) for w in conv.table.windows]
+    return [sum(min((j + 1) * c, n) - j * c for j, i in enumerate(w.chunk_ids) if i is not None)
+            for w in conv.table.windows]
 
 
 def rewrite(data: bytes, old: bytes, new: bytes) -> bytes:
@@ -181,3 +182,39 @@ def test_a_save_in_flight_holds_every_group_while_the_conversation_passes_its_wi
     check_scheduler(engine._scheduler)
     assert (tmp_path / "held.strata").read_bytes() == idle.read_bytes()
     assert more == keep_everything(engines, "gemma3_text", 8, [history + out[-1:] + list(range(900, 930))])[0]
+
+
+def test_a_restore_short_of_windowed_room_verifies_first_and_its_oldest_kept_windows_give_way(engines, tmp_path):
+    """The windowed pool is short of the file's kept windows: other conversations' kept windows
+    give way, then the file's own, oldest first, before any conversation (the checksums are
+    verified before anything changes), and the conversation goes on with the keep-everything tokens."""
+    from strata.kv.window_table import num_to_hold
+
+    engine = engines("gemma3_text", 8, 4, True)
+    engine._scheduler.clear_cache()
+    turns = [list(range(100 + 40 * i, 120 + 40 * i)) for i in range(4)]
+    history: list[int] = []
+    for turn in turns:  # four turns: each keeps the windows before its start and its prompt's end
+        (out,) = run(engine, [history + turn])
+        history = history + turn + out[:-1]
+        last = out[-1]
+    path = str(tmp_path / "turns.strata")
+    engine.save_session(path, token_ids=history)
+    header = read_header(open(path, "rb"), path)[0]
+    assert len(header.windows_kept) >= 6
+    engine._scheduler.clear_cache()
+    for i in range(5):  # idle conversations holding windows and kept windows
+        run(engine, [list(range(3000 + 100 * i, 3060 + 100 * i))])
+    pool, held = engine._layout.window_pools[0], len(engine._scheduler.cache)
+    assert num_to_hold(8, 4, len(history), header.windows_kept) > pool.num_free  # short: something gives way
+    restored = engine.restore_session(path)
+    check_scheduler(engine._scheduler)
+    assert restored.verified_first
+    kept = engine._scheduler.cache.get(restored.conv_id).table.windows[0].kept
+    assert 0 < len(kept) < len(header.windows_kept)
+    assert kept == header.windows_kept[len(header.windows_kept) - len(kept):]  # the newest stayed
+    assert len(engine._scheduler.cache) == held + 1  # kept windows gave way before any conversation
+    follow = history + [last, 5000, 5001]
+    cached = engine._scheduler.counters.num_cached_tokens
+    assert run(engine, [follow]) == keep_everything(engines, "gemma3_text", 8, [follow])
+    assert engine._scheduler.counters.num_cached_tokens - cached == len(history)
