@@ -8,7 +8,9 @@ Parts: (1) K/V held by one conversation at each length; (2) how many conversatio
 longest length fit in one byte budget (4 of them without groups) before one gives way; (3) decode
 tok/s and follow-up TTFT at that length (a short turn prefilled for real on top), and the decode
 ratio as the median of per-step ratios of back-to-back single steps of both arms; (4) a branch
-from a checkpoint half a context back: with its window kept, then with it given way (recomputed).
+from a checkpoint half a context back: with its window kept, then with it given way (recomputed);
+(5) a session file of one conversation (checkpoints half and 700 cells back): its size, save and
+restore time (version 2 with groups, version 1 keeping every cell; docs/sessions.md).
 Long contexts are SYNTHETIC K/V written through each group's own table (Engine.restore), as
 benchmarks/pool.py does; the turns and the branch are prefilled for real.
 """
@@ -19,12 +21,14 @@ import argparse
 import gc
 import os
 import statistics
+import struct
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import add_quick_and_out, cpu_name, print_table, write_json  # noqa: E402
+from benchmarks.window_parts.interleave import interleaved_turn  # noqa: E402
 
 KIB, MIB = 1024, 1024 * 1024
 TURN = " Now tell me, in a few words, what all of this was about and who was there."
@@ -179,41 +183,33 @@ def timed_part(model, ctx, chunk, threads, new, rounds) -> dict:
             "decode_step_ratios": ratios, "decode_ratio": statistics.median(ratios)}
 
 
-def interleaved_turn(engines: dict, prompt: list[int], params, first: str) -> tuple[dict, list[float]]:
-    """The same turn in every arm at once: one step of each engine in turn (the order alternating
-    from pair to pair, `first` leading), each step timed alone. Returns per arm its follow-up TTFT
-    (its submit and its own steps to the first token: the other arm's steps are not counted), its
-    decode tok/s (1 / the median of its decode steps) and tokens; and, for each pair of decode steps
-    (one of each arm, back to back), keep's step time / groups' (> 1: groups decodes faster)."""
-    order = (first, *(a for a in engines if a != first))
-    rows, rids, steps = {}, {}, {arm: [] for arm in engines}
-    for arm in order:
-        t0 = time.perf_counter()
-        rids[arm] = engines[arm].submit(prompt, params)
-        rows[arm] = {"follow_ttft_s": time.perf_counter() - t0, "tokens": []}
-    ratios, started, i = [], set(), 0
-    while any(e.has_work for e in engines.values()):
-        pair = {}
-        for arm in (order if i % 2 == 0 else order[::-1]):
-            e = engines[arm]
-            if not e.has_work:
-                continue
-            ts = time.perf_counter()
-            got = [t for o in e.step() if o.request_id == rids[arm] for t in o.new_token_ids]
-            dt = time.perf_counter() - ts
-            if arm not in started:
-                rows[arm]["follow_ttft_s"] += dt
-                started.update([arm] if got else [])
-            elif got:
-                steps[arm].append(dt)
-                pair[arm] = dt
-            rows[arm]["tokens"] += got
-        if len(pair) == 2:
-            ratios.append(pair["keep"] / pair["groups"])
-        i += 1
-    for arm in engines:
-        rows[arm]["decode_tok_s"] = 1 / statistics.median(steps[arm])
-    return rows, ratios
+def session_part(model, lengths, chunk, threads, rounds, out_dir) -> list[dict]:
+    """A session file of a synthetic conversation of each length: bytes, save and restore ms
+    (medians of `rounds`, warm page cache), each arm's file version."""
+    rows = []
+    for n in lengths:
+        row = {"cells": n}
+        for arm in ("keep", "groups"):
+            e = engine(model, arm, n + chunk, chunk, n + 2 * chunk, 1, threads)
+            tokens = [100 + (i * 7919) % 20000 for i in range(n)]
+            fill(e, e.restore(tokens, sorted({0, n // 2, max(1, n - 700)})).table, n)
+            path, saves, restores = os.path.join(out_dir, f".window-session-{arm}.strata"), [], []
+            for _ in range(rounds):
+                t0 = time.perf_counter()
+                row[f"{arm}_mib"] = e.save_session(path, token_ids=tokens).num_bytes / MIB
+                saves.append(time.perf_counter() - t0)
+                e._scheduler.clear_cache()
+                t0 = time.perf_counter()
+                e.restore_session(path)
+                restores.append(time.perf_counter() - t0)
+            with open(path, "rb") as f:
+                row[f"{arm}_version"] = struct.unpack("<8sI", f.read(12))[1]
+            os.unlink(path)
+            row[f"{arm}_save_ms"], row[f"{arm}_restore_ms"] = (1e3 * statistics.median(x) for x in (saves, restores))
+            del e
+            gc.collect()
+        rows.append(row)
+    return rows
 
 
 def e_generate(e, prompt, params) -> list[list[int]]:
@@ -278,11 +274,18 @@ def main() -> None:
           f"time / groups', single steps of both layouts back to back, order alternating); "
           f"same greedy tokens: {timed['same_tokens']}")
     os.makedirs(args.out, exist_ok=True)
+    sessions = session_part(model, lengths, args.chunk, args.threads, rounds, args.out)
+    print_table(f"A session file of one conversation (medians of {rounds}, warm cache), {cpu_name()}",
+                ["cells", "keep MiB", "groups MiB", "keep save ms", "groups save ms", "keep restore ms",
+                 "groups restore ms"], [(r["cells"], r["keep_mib"], r["groups_mib"], r["keep_save_ms"],
+                                         r["groups_save_ms"], r["keep_restore_ms"], r["groups_restore_ms"])
+                                        for r in sessions])
     name = "window-quick" if args.quick else "window"
     png = os.path.join(args.out, f"{name}.png")
     plot(held, png)
     path = write_json(f"{name}.json", {"cpu": cpu_name(), "chunk": args.chunk, "argv": sys.argv, "held": held,
-                                       "capacity": cap, "timed": timed, "synthetic_kv": True}, args.out)
+                                       "capacity": cap, "timed": timed, "sessions": sessions,
+                                       "synthetic_kv": True}, args.out)
     print(f"wrote {path} and {png}; long contexts hold SYNTHETIC K/V (the turns are prefilled for real)")
 
 

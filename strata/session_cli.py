@@ -95,11 +95,15 @@ def cmd_restore(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     with SessionReader.open(args.file) as reader:
         h = reader.header
-        out = {"filename": args.file, "format_version": 1, "fingerprint": h.fingerprint,
+        out = {"filename": args.file, "format_version": h.version, "fingerprint": h.fingerprint,
                "geometry": dataclasses.asdict(h.geometry), "bytes_per_cell": h.geometry.bytes_per_cell,
                "block_cells": h.block_cells, "n_cells": h.num_cells, "n_records": h.num_records,
                "checkpoints": h.checkpoints, "file_bytes": reader.num_bytes, "kv_bytes": h.kv_bytes(),
                "metadata": h.metadata}
+        if h.groups:  # version 2: the layer groups, each one's cells (docs/sessions.md)
+            out["groups"] = [{"window": g.window, "layers": list(g.layers), "spans": [list(x) for x in g.spans],
+                              "n_cells": g.num_cells} for g in h.groups]
+            out["windows_kept"] = h.windows_kept
         out["token_ids"] = h.token_ids if args.tokens else h.token_ids[:16]
     return _print(out)
 

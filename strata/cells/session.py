@@ -26,7 +26,9 @@ import torch
 from strata.errors import SessionFileError
 from strata.cells.int8 import SCALE_DTYPE
 from strata.kv import session_disk as disk
+from strata.kv.groups import LayerGroup
 from strata.kv.session_format import CRC, KVGeometry, SessionHeader, crc32, read_header
+from strata.kv.session_groups import overlap
 from strata.cells.storage import KV_TORCH_DTYPES, KVStorage
 
 # A save flushes its file to the disk every this many bytes, so that the dirty pages it leaves
@@ -46,24 +48,25 @@ def layer_parts(storage: KVStorage) -> list[list[torch.Tensor]]:
 
 
 class RecordBuffer:
-    """Host memory for one record's payload, with per-layer tensor views into it."""
+    """Host memory for one record's payload (at most `block_cells` positions of every layer),
+    with per-layer tensor views into it."""
 
     def __init__(self, geometry: KVGeometry, block_cells: int):
         self.geometry = geometry
         self.data = torch.empty(block_cells * geometry.bytes_per_cell, dtype=torch.uint8)
         self._bytes = memoryview(self.data.numpy())
 
-    def payload(self, num_cells: int) -> memoryview:
-        return self._bytes[: num_cells * self.geometry.bytes_per_cell]
+    def payload(self, num_cells: int, num_layers: int) -> memoryview:
+        return self._bytes[: num_cells * self.geometry.layers_bytes_per_cell(num_layers)]
 
-    def views(self, num_cells: int) -> list[list[torch.Tensor]]:
-        """Per layer: K data [heads, n, head_dim] (+ scale [heads, n]), then V's, over the buffer."""
+    def views(self, num_cells: int, num_layers: int) -> list[list[torch.Tensor]]:
+        """Per layer of the record's group: K data [heads, n, head_dim] (+ scale [heads, n]), then V's."""
         g, n = self.geometry, num_cells
         shapes = [((g.num_kv_heads, n, g.head_dim), KV_TORCH_DTYPES[g.kv_dtype])]
         if g.kv_dtype == "int8":
             shapes.append(((g.num_kv_heads, n), SCALE_DTYPE))
         out, offset = [], 0
-        for _ in range(g.num_layers):
+        for _ in range(num_layers):
             layer = []
             for _kv in range(2):
                 for (shape, dtype), per_cell in zip(shapes, g.part_bytes):
@@ -74,19 +77,32 @@ class RecordBuffer:
         return out
 
 
-def cell_runs(chunk_ids: Sequence[int], chunk_size: int, start: int, num_cells: int) -> list[tuple[int, int, int]]:
+@dataclass(frozen=True)
+class GroupCells:
+    """Where one of the engine's layer groups keeps a conversation: its chunk ids (None: not
+    held) and the spans of positions a restore writes (kv/session_groups.py)."""
+
+    chunk_ids: Sequence[int | None]
+    spans: Sequence[tuple[int, int]]
+
+
+def cell_runs(chunk_ids: Sequence[int | None], chunk_size: int, start: int, num_cells: int
+              ) -> list[tuple[int, int, int]]:
     """(flat cell, offset in the record, cells) for positions [start, start + num_cells) of a table."""
     runs, p, end = [], start, start + num_cells
     while p < end:
         n = min(chunk_size - p % chunk_size, end - p)
-        runs.append((chunk_ids[p // chunk_size] * chunk_size + p % chunk_size, p - start, n))
+        chunk = chunk_ids[p // chunk_size]
+        assert chunk is not None, f"position {p} is in no held chunk"
+        runs.append((chunk * chunk_size + p % chunk_size, p - start, n))
         p += n
     return runs
 
 
-def save_cells(path: str, header: SessionHeader, storage: KVStorage, chunk_ids: Sequence[int],
+def save_cells(path: str, header: SessionHeader, storage: KVStorage, group_ids: Sequence[Sequence[int | None]],
                on_record: Callable[[int], None] | None = None) -> int:
-    """Writes `header` and the K/V of its cells (positions 0.. of `chunk_ids`); returns bytes written.
+    """Writes `header` and the K/V of its records; `group_ids[g]`: the chunk ids of the header's
+    group g in the engine's group g (one group: the table's). Returns the bytes written.
 
     Safe on a thread other than the one that steps the engine while no one writes those
     cells (engine/session.py holds them). `on_record(i)` runs after record i is written; what
@@ -100,15 +116,16 @@ def save_cells(path: str, header: SessionHeader, storage: KVStorage, chunk_ids: 
         with os.fdopen(fd, "wb") as f:
             f.write(head)
             buf, parts = RecordBuffer(header.geometry, header.block_cells), layer_parts(storage)
+            groups = header.file_groups
             unsynced = 0
-            for i in range(header.num_records):
-                n = header.record_cells(i)
-                views = buf.views(n)
-                for flat, offset, length in cell_runs(chunk_ids, storage.chunk_size, i * header.block_cells, n):
-                    for src_layer, dst_layer in zip(parts, views):
-                        for src, dst in zip(src_layer, dst_layer):
+            for i, (g, start, n) in enumerate(header.record_list()):
+                layers = groups[g].layers
+                views = buf.views(n, len(layers))
+                for flat, offset, length in cell_runs(group_ids[g], storage.chunk_size, start, n):
+                    for layer, dst_layer in zip(layers, views):
+                        for src, dst in zip(parts[layer], dst_layer):
                             dst[:, offset : offset + length].copy_(src[:, flat : flat + length])
-                payload = buf.payload(n)
+                payload = buf.payload(n, len(layers))
                 f.write(payload)
                 f.write(CRC.pack(crc32(payload)))
                 unsynced += len(payload)
@@ -175,13 +192,13 @@ class SessionReader:
     def num_bytes(self) -> int:
         return self.header.file_size(self.header_bytes)
 
-    def records(self, buf: RecordBuffer) -> Iterator[tuple[int, int]]:
-        """Reads each record into `buf` and checks its CRC; yields (first position, cells)."""
+    def records(self, buf: RecordBuffer) -> Iterator[tuple[int, int, int]]:
+        """Reads each record into `buf` and checks its CRC; yields (group index, first position, cells)."""
         h = self.header
+        groups = h.file_groups
         self.file.seek(self.header_bytes)
-        for i in range(h.num_records):
-            n, start = h.record_cells(i), i * h.block_cells
-            payload = buf.payload(n)
+        for i, (g, start, n) in enumerate(h.record_list()):
+            payload = buf.payload(n, len(groups[g].layers))
             try:
                 got = self.file.readinto(payload)
                 crc = self.file.read(CRC.size)
@@ -191,24 +208,28 @@ class SessionReader:
                 raise SessionFileError(self.path, f"truncated in record {i} (cells {start}..{start + n})")
             if CRC.unpack(crc)[0] != crc32(payload):
                 raise SessionFileError(self.path, f"record {i} (cells {start}..{start + n}): checksum mismatch")
-            yield start, n
+            yield g, start, n
 
     def verify(self) -> None:
         for _ in self.records(RecordBuffer(self.header.geometry, self.header.block_cells)):
             pass
 
-    def restore_cells(self, storage: KVStorage, chunk_ids: Sequence[int],
+    def restore_cells(self, storage: KVStorage, targets: Sequence[GroupCells],
                       on_record: Callable[[int], None] | None = None) -> None:
-        """Streams every record into the cells of `chunk_ids` (position p -> its chunk's cell);
+        """Streams every record into the engine's groups: a layer's cells at the positions of its
+        group's `targets[g].spans` go to that group's chunks (position p -> its chunk's cell), the
+        rest of the record is read and checked only (a version 1 file into windowed groups).
         `on_record(i)` runs after record i is in (what it raises ends the restore). The caller
         then calls `announce_written` on the engine's thread."""
-        buf, parts = RecordBuffer(self.header.geometry, self.header.block_cells), layer_parts(storage)
-        for i, (start, n) in enumerate(self.records(buf)):
-            views = buf.views(n)
-            for flat, offset, length in cell_runs(chunk_ids, storage.chunk_size, start, n):
-                for dst_layer, src_layer in zip(parts, views):
-                    for dst, src in zip(dst_layer, src_layer):
-                        dst[:, flat : flat + length].copy_(src[:, offset : offset + length])
+        buf, parts, groups = RecordBuffer(self.header.geometry, self.header.block_cells), layer_parts(storage), \
+            self.header.file_groups
+        for i, (g, start, n) in enumerate(self.records(buf)):
+            for layer, src_layer in zip(groups[g].layers, buf.views(n, len(groups[g].layers))):
+                target = targets[storage.layer_group[layer]]
+                for at, cells in overlap(start, n, target.spans):
+                    for flat, offset, length in cell_runs(target.chunk_ids, storage.chunk_size, start + at, cells):
+                        for dst, src in zip(parts[layer], src_layer):
+                            dst[:, flat : flat + length].copy_(src[:, at + offset : at + offset + length])
             if on_record is not None:
                 on_record(i)
 
@@ -228,3 +249,25 @@ def check_compatible(header: SessionHeader, path: str, fingerprint: str, geometr
     if header.geometry != geometry:
         raise SessionFileError(path, f"K/V geometry {header.geometry} does not match this engine's {geometry}",
                                code="session_mismatch")
+
+
+def check_groups(header: SessionHeader, path: str, groups: Sequence[LayerGroup]) -> None:
+    """SessionFileError (session_mismatch) when a version 2 file's layer groups are not the
+    engine's `groups` (empty: one group of every layer, which a version 1 file always fits)."""
+    if not header.groups:
+        return
+    mine = tuple((g.window, tuple(g.layers)) for g in groups)
+    theirs = tuple((g.window, g.layers) for g in header.groups)
+    if not groups:
+        windowed = ", ".join(f"layers {list(g.layers)} in a {g.window}-cell window" for g in header.groups[1:])
+        raise SessionFileError(path, f"holds sliding-window layer groups ({windowed}: only the cells of their "
+                                     "windows), and this engine keeps every cell of every layer (one group: "
+                                     "--kv-window-groups off, no --kv-pool-tokens or --kv-resident): restore it "
+                                     "in an engine with layer groups", code="session_mismatch")
+    if mine != theirs:
+        raise SessionFileError(path, f"layer groups {_describe(theirs)} do not match this engine's "
+                                     f"{_describe(mine)}", code="session_mismatch")
+
+
+def _describe(groups) -> str:
+    return "[" + ", ".join(f"{'full' if w is None else f'window {w}'}: layers {list(ls)}" for w, ls in groups) + "]"

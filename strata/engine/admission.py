@@ -59,11 +59,15 @@ class RestorePlan:
     victims: tuple[Conversation, ...]  # idle conversations evicted to make room
     displaced: Conversation | None  # the idle conversation in `lane` now
     holds_parked: bool  # the layout parks a displaced conversation (else it is evicted)
+    kept: tuple[int, ...] = ()  # positions whose windows the restore keeps in every windowed group
+    drops_kept_windows: bool = False  # other conversations' kept windows give way for its windowed room
 
     @property
     def loses_conversations(self) -> bool:
-        """Taking the room evicts someone for good (a displaced one is parked where it can be)."""
-        return bool(self.victims) or (self.displaced is not None and not self.holds_parked)
+        """Taking the room evicts someone for good (a displaced one is parked where it can be), or
+        makes kept windows give way (a branch from them would recompute)."""
+        return (bool(self.victims) or (self.displaced is not None and not self.holds_parked)
+                or self.drops_kept_windows)
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,14 @@
 """What session files in flight hold while their bytes stream on a worker thread. No torch.
 
 A save holds a snapshot of its conversation's chunk table: positions [0, n) and the chunks
-that hold them. Where chunks can be shared (the pool) the save takes one more holder on
-each (pool refcounts), so the conversation may go on meanwhile: a follow-up that extends it
-copies the shared partial last chunk into a private one before writing (copy-on-write at
-admission, as a fork does), full chunks are never written again, and a conversation that
-is evicted leaves its chunks held by the save until it ends. Where conversations live in
+that hold them, in every layer group (a windowed group's: the chunks of the window before n
+and of the kept windows the file holds, kv/window_table.py's `snapshot`). Where chunks can
+be shared (the pool) the save takes one more holder on each (pool refcounts), so the
+conversation may go on meanwhile: a follow-up that extends it copies the shared partial last
+chunk into a private one before writing (copy-on-write at admission, as a fork does, in every
+group), full chunks are never written again, a windowed chunk the conversation passes stays
+held by the save, and a conversation that is evicted leaves its chunks held by the save
+until it ends. Where conversations live in
 their lane's reservation (no sharing), the save pins the lane instead: no request is placed
 in it, and a follow-up of its conversation waits, until the save ends.
 
@@ -24,13 +27,14 @@ pinned by it; a restore's table, once taken, covers its cells.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from strata.engine.admission import RestorePlan
 from strata.engine.conversation import Conversation
 from strata.engine.lanes import Lanes
 from strata.engine.prefix_index import common_prefix_len
+from strata.kv import window_table as wt
 from strata.kv.table import ChunkTable, chunks_for
 
 
@@ -48,6 +52,7 @@ class RestoreHold:
     token_ids: list[int]
     checkpoints: list[int]
     lane: int | None  # the lane it goes into, pinned; None: parked without a lane
+    kept: list[int] = field(default_factory=list)  # positions whose windows it keeps, room allowing
     table: ChunkTable | None = None  # the room, once taken (held by no conversation)
     plan: RestorePlan | None = None  # the plan the room was taken by
     dropped: bool = False  # an erase of its lane won
@@ -79,8 +84,9 @@ class SessionHolds:
             self.lanes[lane].pinned_by = None
 
     # ---- saves ------------------------------------------------------------------------------
-    def hold_save(self, conv: Conversation, num_cells: int) -> SaveHold:
-        """Holds the first `num_cells` positions of the idle `conv` for a save (see the module doc)."""
+    def hold_save(self, conv: Conversation, num_cells: int, kept: Sequence[int] = ()) -> SaveHold:
+        """Holds the first `num_cells` positions of the idle `conv` for a save (see the module doc),
+        in the windowed groups the windows before `num_cells` and before `kept` (held)."""
         assert not conv.is_active and 0 < num_cells <= conv.num_cells
         layout = self.lanes.layout
         ids = conv.table.chunk_ids[: chunks_for(num_cells, layout.chunk_size)]
@@ -88,6 +94,7 @@ class SessionHolds:
                         None if layout.shares_chunks else conv.lane)
         if hold.shared:
             layout.pool.share(ids)
+            hold.table.windows = [wt.snapshot(w, num_cells, list(kept)) for w in conv.table.windows]
         else:
             self._pin(hold.lane, hold.hold_id)
         self.saves[hold.hold_id] = hold
@@ -97,19 +104,22 @@ class SessionHolds:
         del self.saves[hold.hold_id]
         if hold.shared:
             self.lanes.layout.pool.release(hold.table.chunk_ids)
+            for w in hold.table.windows:
+                wt.release(w)
         else:
             self._unpin(hold.lane, hold.hold_id)
 
     # ---- restores ---------------------------------------------------------------------------
-    def begin_restore(self, token_ids: list[int], checkpoints: list[int], lane: int | None) -> RestoreHold:
-        hold = RestoreHold(self._new_id(), list(token_ids), list(checkpoints), lane)
+    def begin_restore(self, token_ids: list[int], checkpoints: list[int], lane: int | None,
+                      kept: Sequence[int] = ()) -> RestoreHold:
+        hold = RestoreHold(self._new_id(), list(token_ids), list(checkpoints), lane, list(kept))
         self._pin(lane, hold.hold_id)
         self.restores[hold.hold_id] = hold
         return hold
 
     def plan_restore(self, hold: RestoreHold) -> RestorePlan | None:
         """Where the restore goes and who gives way now (nothing changes); None: no room."""
-        return self.lanes.plan_restore(hold.num_cells, hold.lane)
+        return self.lanes.plan_restore(hold.num_cells, hold.lane, hold.kept)
 
     def take(self, hold: RestoreHold, plan: RestorePlan) -> ChunkTable:
         """Evicts `plan`'s victims and takes the room; the cells are the worker's to write."""

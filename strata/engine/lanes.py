@@ -15,13 +15,13 @@ streamed between them and a failure undone: `plan_restore` changes nothing;
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from strata.engine.admission import RestorePlan, choose_victims, pick_lane
 from strata.engine.cache import ConversationCache
 from strata.engine.conversation import Conversation, Lane
 from strata.engine.stats import PoolCounters
-from strata.engine.window_room import make_window_room
+from strata.engine.window_room import make_window_room, plan_restore_windows
 from strata.kv.layout import KVLayout
 from strata.kv.table import CellCopy, ChunkTable
 
@@ -127,18 +127,23 @@ class Lanes:
     # ---- restores -------------------------------------------------------------------------
     def restore(self, token_ids: list[int], checkpoints: list[int], lane_index: int | None = None) -> Conversation | None:
         """Hold a conversation whose K/V the caller writes next (synthetic K/V): `plan_restore`,
-        `take_restore` and `finish_restore` at once; None when there is no room (nothing changed)."""
-        plan = self.plan_restore(len(token_ids), lane_index)
+        `take_restore` and `finish_restore` at once; None when there is no room (nothing changed).
+        Windowed groups keep the windows before `checkpoints` as room allows."""
+        n = len(token_ids)
+        plan = self.plan_restore(n, lane_index, [c for c in checkpoints if 0 < c < n])
         if plan is None:
             return None
-        return self.finish_restore(plan, self.take_restore(plan, checkpoints), token_ids, checkpoints)
+        return self.finish_restore(plan, self.take_restore(plan), token_ids, checkpoints)
 
-    def plan_restore(self, num_cells: int, lane_index: int | None = None) -> RestorePlan | None:
+    def plan_restore(self, num_cells: int, lane_index: int | None = None, kept: Sequence[int] = ()
+                     ) -> RestorePlan | None:
         """Where a restored conversation of `num_cells` goes and who gives way (nothing changes).
 
         It goes into `lane_index` (displacing an idle conversation), or is parked without a
         lane where the layout holds parked conversations (else a lane is picked). Idle
-        conversations give way as for a new request; None when even that leaves no room.
+        conversations give way as for a new request; None when even that leaves no room. In
+        the windowed groups it holds its last window and the windows before `kept` (ascending)
+        that room allows (engine/window_room.py's `plan_restore_windows`).
         """
         assert 0 < num_cells <= self.max_context
         if lane_index is None and not self.layout.holds_parked:
@@ -152,21 +157,25 @@ class Lanes:
         victims = choose_victims(self, need - self.layout.pool.num_free)
         if victims is None:
             return None
+        windows = plan_restore_windows(self, num_cells, kept, victims)
+        if windows is None:
+            return None
+        kept, more, drops = windows
         displaced = self.lanes[lane_index].conv if lane_index is not None else None
-        return RestorePlan(num_cells, lane_index, victims, displaced, self.layout.holds_parked)
+        return RestorePlan(num_cells, lane_index, victims + more, displaced, self.layout.holds_parked, kept, drops)
 
-    def take_restore(self, plan: RestorePlan, checkpoints: list[int] = ()) -> ChunkTable:
+    def take_restore(self, plan: RestorePlan) -> ChunkTable:
         """Evicts `plan`'s victims (and, where conversations cannot be parked, the lane's idle
         one) and returns a table holding room for its cells, in no conversation yet:
         `finish_restore` adopts it, `drop_restore` gives it back. Windowed groups hold the last
-        window and the windows before `checkpoints` (kept, as a conversation's are)."""
+        window and the windows before `plan.kept` (kept, as a conversation's are)."""
         self.evict(plan.victims)
         lane = self.lanes[plan.lane] if plan.lane is not None else None
         if lane is not None and lane.conv is not None and not self.layout.holds_parked:
             self.displace(lane)
         table = self.layout.new_table(plan.lane if plan.lane is not None else -1)
         self.layout.grow(table, plan.num_cells)
-        self.layout.keep_windows_ahead(table, [c for c in checkpoints if c < plan.num_cells])
+        self.layout.keep_windows_ahead(table, list(plan.kept))
         make_window_room(self, self.layout.num_window_chunks_to_grow(table, plan.num_cells, plan.num_cells))
         self.layout.grow_windows(table, plan.num_cells, plan.num_cells)  # the last window only
         table.append_cells(plan.num_cells)

@@ -3,18 +3,24 @@ step path: the engine's thread checks and holds, a worker thread streams the byt
 engine goes on stepping, and the engine's thread settles the result between two steps.
 
 Save: the conversation must be idle when the save starts (a request extending it is refused
-with `LaneBusy`); the save then holds a snapshot of its chunk table (engine/holds.py), so the
-conversation may be extended, branched or evicted while the file is written, and the file
-holds exactly the cells it had when the save began.
+with `LaneBusy`); the save then holds a snapshot of its chunk table in every layer group
+(engine/holds.py), so the conversation may be extended, branched or evicted while the file is
+written, and the file holds exactly the cells it had when the save began. With sliding-window
+layer groups (kv/groups.py) the file is version 2: the full group's every cell, and in each
+windowed group the cells of the chunks of its last window and of the kept windows every
+windowed group holds (kv/session_groups.py).
 
 Restore, all or nothing: the header is read and checked first on the engine's thread (model
-fingerprint, K/V geometry and dtype, version, the file's size against the header), then room
-is planned (`Lanes.plan_restore`: idle conversations give way LRU first; no room is a
-`PoolFullError`, kv_pool_full). When taking the room would evict a conversation for good,
-every record's checksum is verified on the worker before anything changes (and room is
-planned again after). Then the room is taken, held by no conversation, and each record is
-streamed into its cells; only when every checksum passed does the conversation become
-visible, idle: parked, or in the lane asked for. Any error gives the room back, and the pool,
+fingerprint, K/V geometry and dtype, version, the file's size against the header, its layer
+groups against the engine's and that it holds every cell the engine's groups would read),
+then room is planned in every group (`Lanes.plan_restore`: idle conversations give way LRU
+first; in the windowed groups kept windows give way first, the file's own oldest ones before
+any conversation; no room is a `PoolFullError`, kv_pool_full). When taking the room would
+evict a conversation for good (or drop another's kept windows), every record's checksum is
+verified on the worker before anything changes (and room is planned again after). Then the
+room is taken in every group, held by no conversation, and each record is streamed into its
+cells; only when every checksum passed does the conversation become visible, idle: parked,
+or in the lane asked for. Any error gives the room back in every group, and the pool,
 the lanes and the cache are as they were (the K/V of free chunks aside). A request that
 extends the conversation being restored waits for it; an erase of its lane wins.
 """
@@ -26,7 +32,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from strata.cells.session import SessionReader, announce_written, check_compatible, save_cells, storage_geometry
+from strata.cells.session import (GroupCells, SessionReader, announce_written, check_compatible, check_groups,
+                                  save_cells, storage_geometry)
 from strata.cells.storage import KVStorage
 from strata.engine.conversation import Conversation
 from strata.engine.holds import RestoreHold, SaveHold
@@ -34,7 +41,8 @@ from strata.engine.prefix_index import common_prefix_len
 from strata.engine.scheduler import Scheduler
 from strata.engine.session_jobs import SessionJob, SessionWorker
 from strata.errors import LaneBusy, PoolFullError, RequestError, RestoreCancelled, SessionFileError
-from strata.kv.session_format import SessionHeader
+from strata.engine.session_groups import file_header, restore_kept
+from strata.kv.session_groups import held_spans
 from strata.kv.table import chunks_for
 
 OnRecord = Callable[[int], None]
@@ -127,16 +135,12 @@ class SessionFiles:
                 raise RequestError("no held conversation starts with these tokens", code="session_not_found")
             if conv.is_active:
                 raise LaneBusy(conv.lane, "save")
+        n = self._scheduler.layout.reusable(conv.table, n)  # windowed groups hold the window before n
+        if not n:
+            raise RequestError("no held conversation holds the windows before these tokens", code="session_not_found")
         if conv.lane is not None and self._scheduler.lanes[conv.lane].is_pinned and not self._scheduler.layout.shares_chunks:
             raise LaneBusy(conv.lane, "save", "held by a session file in flight", "it is written or read")
         return conv, n
-
-    def _check_one_group(self) -> None:
-        """Session files hold one table of cells for every layer: not yet the windowed layer
-        groups of a sliding-window model in a pool (kv/groups.py), whose passed cells are gone."""
-        if self._kv.groups:
-            raise RequestError("session files do not hold sliding-window layer groups yet: run this model "
-                               "without --kv-pool-tokens to save and restore sessions", code="session_unsupported")
 
     def _progress(self, flight: _Flight, on_record: OnRecord | None) -> OnRecord:
         def step(i: int) -> None:  # on the worker, after each record
@@ -153,40 +157,39 @@ class SessionFiles:
                    ) -> SessionJob:
         """Starts writing an idle conversation (lane `lane`'s, or the longest held prefix of
         `token_ids`) to `path`, with the application's JSON `metadata` in the header."""
-        self._check_one_group()
         conv, n = self._conversation(lane, token_ids, idle_only)
-        header = SessionHeader(
-            self._fingerprint, storage_geometry(self._kv), self._scheduler.layout.chunk_size,
-            conv.token_ids[:n], [c for c in conv.checkpoints if c <= n], dict(metadata or {}),
-        )
-        hold = self._holds.hold_save(conv, n)
+        header = file_header(self._fingerprint, storage_geometry(self._kv), self._kv.groups,
+                             self._scheduler.layout.chunk_size, conv, n, dict(metadata or {}))
+        hold = self._holds.hold_save(conv, n, header.windows_kept)
         flight = _Flight(SessionJob("save", path, conv.lane, n, header.num_records), hold)
         progress = self._progress(flight, on_record)
-        flight.work = self.worker.submit(lambda: save_cells(path, header, self._kv, hold.table.chunk_ids, progress))
+        ids = [hold.table.chunk_ids, *(w.chunk_ids for w in hold.table.windows)]
+        flight.work = self.worker.submit(lambda: save_cells(path, header, self._kv, ids, progress))
         self._flights.append(flight)
         return flight.job
 
     def begin_restore(self, path: str, lane: int | None = None, on_record: OnRecord | None = None) -> SessionJob:
         """Starts holding the conversation of the session file `path` again (see the module doc)."""
-        self._check_one_group()
         if lane is not None:
             self._check_lane(lane, "restore into")
         reader = SessionReader.open(path)
         try:
             h = reader.header
             check_compatible(h, path, self._fingerprint, storage_geometry(self._kv))
+            check_groups(h, path, self._kv.groups)
             if h.num_cells > self._scheduler.max_context:
                 raise SessionFileError(path, f"{h.num_cells} cells, more than --max-context "
                                              f"{self._scheduler.max_context}", code="context_length_exceeded")
             if any(not 0 <= t < self._vocab_size for t in h.token_ids):
                 raise SessionFileError(path, f"token ids outside this model's vocabulary [0, {self._vocab_size})")
-            plan = self._scheduler.lanes.plan_restore(h.num_cells, lane)
+            kept = restore_kept(h, path, self._kv.groups, self._scheduler.layout.chunk_size)
+            plan = self._scheduler.lanes.plan_restore(h.num_cells, lane, kept)
             if plan is None:
                 raise self._pool_full(h.num_cells)
         except BaseException:
             reader.close()
             raise
-        hold = self._holds.begin_restore(h.token_ids, h.checkpoints, plan.lane)
+        hold = self._holds.begin_restore(h.token_ids, h.checkpoints, plan.lane, kept)
         flight = _Flight(SessionJob("restore", path, plan.lane, h.num_cells, h.num_records), hold, reader,
                          on_record=on_record)
         if plan.loses_conversations:  # a bad record must not cost anyone their conversation
@@ -200,7 +203,10 @@ class SessionFiles:
     def _stream(self, flight: _Flight, plan) -> None:
         table = self._holds.take(flight.hold, plan)
         progress = self._progress(flight, flight.on_record)
-        flight.work = self.worker.submit(lambda: flight.reader.restore_cells(self._kv, table.chunk_ids, progress))
+        n = table.num_cells
+        targets = [GroupCells(table.chunk_ids, ((0, n),)), *(
+            GroupCells(w.chunk_ids, held_spans(w.window, w.pool.chunk_size, n, w.kept)) for w in table.windows)]
+        flight.work = self.worker.submit(lambda: flight.reader.restore_cells(self._kv, targets, progress))
 
     def _pool_full(self, num_cells: int) -> PoolFullError:
         pool = self._scheduler.layout.pool

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from strata.engine.conversation import Conversation
 from strata.engine.conversation import Sequence as Seq
+from strata.kv import window_table as wt
 from strata.step import LaneWork
 
 if TYPE_CHECKING:
@@ -94,3 +95,48 @@ def grow_step_windows(work: Sequence[LaneWork], seqs: Mapping[str, Seq], lanes: 
         layout.grow_windows(table, w.num_cells + w.draft_slots)
         out.append(replace(w, window_ids=tuple(tuple(x.chunk_ids) for x in table.windows)))
     return tuple(out)
+
+
+def plan_restore_windows(lanes: Lanes, num_cells: int, kept: Sequence[int], victims: Sequence[Conversation]
+                         ) -> tuple[tuple[int, ...], tuple[Conversation, ...], bool] | None:
+    """A restore's room in the windowed groups, planned (nothing changes): (the kept positions
+    whose windows it holds, the idle conversations that give way besides `victims`, whether
+    other conversations' kept windows give way), or None when there is no room. The module's
+    order, with the restore's own kept windows giving way (the oldest first) after the others'
+    and before any conversation; its last window always stays. `make_window_room` at the take
+    then does exactly this: after `victims` go, dropping kept windows covers the need."""
+    layout = lanes.layout
+    if not layout.window_pools:
+        return tuple(kept), (), False
+    c, pools = layout.chunk_size, layout.window_pools
+
+    def room(gone: Sequence[Conversation], drops: bool) -> list[int]:
+        """Free chunks per group once `gone` gave way (and, `drops`, every other kept window)."""
+        skip = {v.conv_id for v in gone}
+        others = [t.table for t in lanes.cache if t.conv_id not in skip] if drops else []
+        return [pool.num_free + pool.num_freed_by_release(
+                    [i for v in gone for i in v.table.windows[g].held]
+                    + [i for t in others for i in wt.kept_only(t.windows[g], t.num_cells)])
+                for g, pool in enumerate(pools)]
+
+    def needs(k: Sequence[int]) -> list[int]:
+        return [wt.num_to_hold(w, c, num_cells, list(k)) for w in layout.windows]
+
+    def fits(k: Sequence[int], gone: Sequence[Conversation], drops: bool) -> bool:
+        return all(n <= r for n, r in zip(needs(k), room(gone, drops)))
+
+    kept = list(kept)
+    while True:
+        if fits(kept, victims, False):
+            return tuple(kept), (), False
+        if fits(kept, victims, True):
+            return tuple(kept), (), True
+        if not kept:
+            break
+        kept = kept[1:]
+    more: list[Conversation] = []
+    for conv in lanes.cache.idle_lru(exclude=victims):
+        more.append(conv)
+        if fits((), [*victims, *more], True):
+            return (), tuple(more), True
+    return None

@@ -212,3 +212,20 @@ def reusable(windows: list[WindowIds], num_cells: int) -> int:
         holes = [j for j in range(lo, hi) if bad.chunk_ids[j] is None]
         n = holes[-1] * c if holes else min(n - 1, len(bad.chunk_ids) * c)
     return 0
+
+
+def snapshot(w: WindowIds, num_cells: int, kept: list[int]) -> WindowIds:
+    """A save's snapshot of `w` (engine/holds.py): the chunks covering the window before
+    `num_cells` and before each of `kept` (held), one more holder on each; None elsewhere."""
+    c = w.pool.chunk_size
+    need = {j for p in [*kept, num_cells] for j in range(needed_from(p, w.window, c), -(-p // c))}
+    ids = [w.chunk_ids[j] if j in need else None for j in range(-(-num_cells // c))]
+    assert all(ids[j] is not None for j in need), "a snapshot of a window the table does not hold"
+    w.pool.share([i for i in ids if i is not None])
+    return WindowIds(w.pool, w.window, w.group, ids, list(kept))
+
+
+def num_to_hold(window: int, chunk_size: int, num_cells: int, kept: list[int]) -> int:
+    """Chunks a new table of `num_cells` holds keeping the windows before `kept` (a restore)."""
+    c = chunk_size
+    return len({j for p in [*kept, num_cells] for j in range(needed_from(p, window, c), -(-p // c))})

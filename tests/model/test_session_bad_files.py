@@ -91,7 +91,7 @@ def files(tiny_llama_dir, tmp_path_factory, smol_tokenizer) -> dict[str, str]:
         "flipped byte in record 0": flip(data, hb + 7),
         "flipped byte in last record": flip(data, len(data) - 40),
         "flipped checksum": flip(data, hb + rec - 1),
-        "future version": data[:8] + struct.pack("<I", 2) + data[12:],
+        "future version": data[:8] + struct.pack("<I", 3) + data[12:],
         "other geometry": rewrite(data, hb, b'"num_kv_heads":2', b'"num_kv_heads":1'),
         "bad magic": b"NOTSTRAT" + data[8:],
     }

@@ -147,15 +147,3 @@ def test_drafts_and_their_rollback_equal_keep_everything(engines, geo, prompts, 
     before = engine._scheduler.drafts.counters.num_accepted
     assert run(engine, prompts) == want
     assert engine._scheduler.drafts.counters.num_accepted > before
-
-
-def test_session_files_refuse_layer_groups_by_name(engines, tmp_path):
-    """Session files hold one table of every layer's cells: not yet the windowed groups (docs/windows.md)."""
-    from strata.errors import RequestError
-
-    engine = engines("gemma3_text", 8, 4, True)
-    engine._scheduler.clear_cache()
-    run(engine, [list(range(100, 130))])
-    with pytest.raises(RequestError) as err:
-        engine.save_session(str(tmp_path / "s.bin"), lane=0)
-    assert err.value.code == "session_unsupported"

@@ -163,3 +163,27 @@ def test_storage_errors_are_named_with_the_path_and_the_bytes(slot_server, slot_
         os.rename(moved, slot_dir)
     assert post(slot_server.base_url, 0, "save", {"filename": "ok.bin"}).status_code == 200
     os.unlink(slot_dir / "ok.bin")
+
+
+def test_a_sliding_window_model_in_layer_groups_saves_and_restores(gemma3_path, tmp_path):
+    """Gemma 3 in a pool keeps its windowed layers in layer groups (docs/windows.md): its slot
+    saves a version 2 file (the groups in the header) and restores it, every cell reused."""
+    engine = {**ENGINE, "kv_chunk": 64, "kv_pool_tokens": 2048, "max_context": 1024}
+    running = start_server(ServerSettings(slot_save_path=str(tmp_path)), engine_loader(gemma3_path, **engine))
+    try:
+        base = running.base_url
+        complete(base, list(range(1000, 1600)), 4)  # past the 512-cell window
+        r = post(base, 0, "save", {"filename": "gemma.bin"})
+        assert r.status_code == 200, r.text
+        with open(tmp_path / "gemma.bin", "rb") as f:
+            header = read_header(f, "gemma.bin")[0]
+        history = header.token_ids
+        assert header.version == 2 and [g.window for g in header.groups] == [None, 512]
+        assert header.groups[1].num_cells < len(history) == r.json()["n_saved"]  # only the window's chunks
+        assert post(base, 0, "erase", None).status_code == 200
+        r = post(base, 0, "restore", {"filename": "gemma.bin"})
+        assert r.status_code == 200 and r.json()["n_restored"] == len(history), r.text
+        out = complete(base, history + [2000, 2001], 2)
+        assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == len(history)
+    finally:
+        running.stop()
