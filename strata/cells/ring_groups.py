@@ -128,8 +128,8 @@ class GroupedRing:
         return out
 
     def describe(self) -> str:
-        """Each group's ring for the start line: its layers, each lane's ring and the arena, in cells."""
+        """Each group's ring for the start line: its layers, a lane's ring (at most) and the arena, in cells."""
         return ", ".join(
             f"{'full' if r.window is None else f'window {r.window}'}: {len(r.layers)} layers, "
-            f"ring {'per request' if r.window is None else cells} cells, arena {r.budget_cells} cells"
-            for r, cells in zip(self.rings, (None, *self.window_cells)))
+            f"ring <= {cells} cells, arena {r.budget_cells} cells"
+            for r, cells in zip(self.rings, (self.full.sizing.cap_cells, *self.window_cells)))
