@@ -118,11 +118,10 @@ def _memory_plan(config: EngineConfig, load: ModelLoad, layout: KVLayout, draft:
     arena too on the CPU)."""
     cfg = load.config
     cells = layout.pool.num_cells_total
-    per_cell = kv_bytes_per_cell(config.kv_dtype, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
     layer_cell = kv_bytes_per_cell(config.kv_dtype, 1, cfg.num_kv_heads, cfg.head_dim)
     kv_bytes = group_cells(layout, groups, cfg.num_layers) * layer_cell
     if config.kv_resident is not None and all(d == "cpu" for d in config.devices):  # the arena is host memory too
-        kv_bytes += sum(len(g.layers) * cells for g, cells in zip(groups, ring_arenas(config, groups))) * layer_cell
+        kv_bytes += sum(len(g.layers) * n for g, n in zip(groups, ring_arenas(config, groups))) * layer_cell
     weight_bytes = _weight_bytes(config, load)
     if config.moe.cached and cfg.num_experts and all(d == "cpu" for d in config.devices):  # slots are host memory too
         moe_layers = sum(1 for i in range(cfg.num_layers) if cfg.is_moe_layer(i))
