@@ -24,6 +24,7 @@ import torch
 
 from strata.cells.ring import KVRing, RingGroup
 from strata.cells.ring_cells import RingCells
+from strata.cells.ring_counters import RingCounters
 from strata.cells.ring_step import RingStep
 from strata.cells.storage import KVStorage
 from strata.kv.groups import LayerGroup
@@ -49,6 +50,8 @@ class GroupedStep:
 
 
 class GroupedRing:
+    """The engine's ring: `rings[g]` serves layer group g; `full` (group 0) sizes every lane's ring."""
+
     def __init__(self, host: KVStorage, sizing: RingSizing, policy: str, budget_cells: int,
                  layer_devices: Sequence[torch.device], groups: Sequence[LayerGroup], num_lanes: int,
                  step_cells: int):
@@ -67,7 +70,7 @@ class GroupedRing:
 
     # ---- what the engine and tests ask of "the ring" (the full group's sizing and budget) ---------------
     @property
-    def counters(self):
+    def counters(self) -> RingCounters:
         return self.full.counters
 
     @property
@@ -75,8 +78,7 @@ class GroupedRing:
         return self.full.budget_cells
 
     def attach_budget(self, budget, on_split) -> None:
-        if len(self.rings) > 1:  # engine/build.py keeps one group under --device-memory
-            raise AssertionError("--device-memory splits one ring's budget: layer groups are off there")
+        assert len(self.rings) == 1, "--device-memory grants one ring: engine/build.py keeps one group there"
         self.full.attach_budget(budget, on_split)
 
     def check(self) -> None:
