@@ -17,89 +17,80 @@ With an accelerator the pool is pinned, copies are non-blocking on a side stream
 layer's copies are issued while the previous layer computes (two staging buffers take
 turns). On the CPU the arena and staging are still their own buffers and the same copies
 happen, so the ring's behaviour and cost are real and testable here.
+
+With layer groups (kv/groups.py) there is one ring per group (cells/ring_groups.py): a ring
+serves its group's layers (`RingGroup`), keys its pages by that group's chunk ids, and a
+windowed group's ring reads each lane's pages from its window's first page on only, dropping
+the pages that fall behind (`_release_behind`). A page none of whose cells a reading lane has
+committed is admitted or staged without a copy (`_fresh`: every cell read is written first).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from strata.cells.protocol import Cells
-from strata.cells.ring_step import PageMap, RingStep
+from strata.cells.ring_counters import LaneRing, RingCounters, count_step
+from strata.cells.ring_step import PageMap, RingStep, merge_runs
 from strata.cells.storage import KVStorage
-from strata.kv.residency import LaneReads, Residency, ResidencyPlan
+from strata.kv.residency import LaneReads, Residency
 from strata.kv.ring_rule import RingSizing
 from strata.kv.budget_rule import ring_ask
+from strata.kv.groups import window_start
 from strata.step import LaneWork
 
 log = logging.getLogger("strata.ring")  # INFO: each sizing (the command line shows them, strata/cli.py)
 
-def merge_runs(pairs: Sequence[tuple[int, int]], length: int) -> list[tuple[int, int, int]]:
-    """(src, dst) starts of `length`-cell blocks -> (src, dst, cells) runs, joining blocks that continue each other."""
-    runs: list[list[int]] = []
-    for src, dst in sorted(pairs):
-        if runs and runs[-1][0] + runs[-1][2] == src and runs[-1][1] + runs[-1][2] == dst:
-            runs[-1][2] += length
-        else:
-            runs.append([src, dst, length])
-    return [tuple(r) for r in runs]
+@dataclass(frozen=True)
+class RingGroup:
+    """The layers one ring serves: layer group `index` (kv/groups.py), read through the lanes'
+    `chunk_ids` (0: full attention) or `window_ids[index - 1]`, from the window's first page."""
 
-
-@dataclass
-class LaneRing:
-    """One lane's ring and what it read (totals since start)."""
-
-    request_id: str
-    ring_cells: int
-    resident_pages: int = 0  # of its conversation, after the last step's admissions
-    pages_read: int = 0
-    pages_in_place: int = 0  # read where they were resident
-    pages_streamed: int = 0  # read through staging
-    pages_admitted: int = 0
-
-
-@dataclass
-class RingCounters:
-    tokens: int = 0  # cells written through the ring
-    page_reads: int = 0  # lane-page reads
-    page_hits: int = 0  # ... of pages resident before the step
-    pages_streamed: int = 0  # pages copied into staging (each once per step)
-    pages_admitted: int = 0  # pages copied into the arena
-    pages_invalidated: int = 0
-    bytes_copied: int = 0  # host -> device, every layer, staging and admissions
-    sizings: int = 0
-    budget_fallbacks: int = 0  # lanes that kept the floor ring because the budget was spent
-    lanes: dict[int, LaneRing] = field(default_factory=dict)
+    index: int
+    layers: tuple[int, ...]
+    window: int | None = None
 
 
 class KVRing:
     def __init__(self, host: KVStorage, sizing: RingSizing, policy: str, budget_cells: int,
-                 layer_devices: Sequence[torch.device]):
+                 layer_devices: Sequence[torch.device], group: RingGroup | None = None):
+        """`group`: the layer group this ring serves (cells/ring_groups.py); None: every layer."""
         if host.chunk_size % sizing.page:
             raise ValueError(f"--kv-page {sizing.page} must divide --kv-chunk {host.chunk_size}")
         self.host = host
+        self.group = group if group is not None else RingGroup(0, tuple(range(host.num_layers)))
+        self.layers = self.group.layers
+        self.window = self.group.window
+        self.bytes_per_cell = host.group_bytes_per_cell(self.group.index)  # K and V of its layers
         self.sizing = sizing
         self.page = sizing.page
         self.policy = policy
         self.budget_cells = budget_cells
         self.num_slots = max(1, budget_cells // self.page)
         self.layer_devices = [torch.device(d) for d in layer_devices]
-        self.devices = list(dict.fromkeys(self.layer_devices))
-        arena_cells = self.num_slots * self.page
-        self.arena_k = [k.zeros_like(arena_cells, d) for k, d in zip(host.k, self.layer_devices)]
-        self.arena_v = [v.zeros_like(arena_cells, d) for v, d in zip(host.v, self.layer_devices)]
+        self.devices = list(dict.fromkeys(self.layer_devices[i] for i in self.layers))
+        self.rank = {layer: r for r, layer in enumerate(self.layers)}  # its layers in order (staging turns)
+        self._make_arena()
         self.is_accelerated = any(d.type != "cpu" for d in self.devices)
         num_buffers = 2 if self.is_accelerated else 1
         self.staging: dict[torch.device, list[tuple[Cells, Cells] | None]] = {d: [None] * num_buffers
                                                                               for d in self.devices}
         self.residency = Residency(self.num_slots, policy)
         self.counters = RingCounters()
+        self._last_reads: dict[int, tuple[str, tuple[int, ...]]] = {}  # lane -> (request, pages) of its last step
         self.budget = None  # --device-memory: the DeviceBudget that grants each lane's ring (moe/budget.py)
         self.on_split = None  # called with each new split, between steps (the expert slots follow it)
         host.write_listeners.append(self.on_host_write)
+
+    def _make_arena(self) -> None:
+        """Layer -> its arena [kv_heads, num_slots * page, head_dim] on its device (this ring's layers only)."""
+        cells = self.num_slots * self.page
+        self.arena_k = {i: self.host.k[i].zeros_like(cells, self.layer_devices[i]) for i in self.layers}
+        self.arena_v = {i: self.host.v[i].zeros_like(cells, self.layer_devices[i]) for i in self.layers}
 
     # ---- the device budget (--device-memory) ------------------------------------------------------
     def attach_budget(self, budget, on_split) -> None:
@@ -118,8 +109,7 @@ class KVRing:
         self.counters.pages_invalidated += self.residency.num_resident
         self.num_slots = num_slots
         self.budget_cells = num_slots * self.page
-        self.arena_k = [k.zeros_like(self.budget_cells, d) for k, d in zip(self.host.k, self.layer_devices)]
-        self.arena_v = [v.zeros_like(self.budget_cells, d) for v, d in zip(self.host.v, self.layer_devices)]
+        self._make_arena()
         self.residency = Residency(num_slots, self.policy)
 
     def _budget_lanes(self, work: Sequence[LaneWork], active: set[int]) -> None:
@@ -167,49 +157,87 @@ class KVRing:
         return ring
 
     # ---- one step ---------------------------------------------------------------------------
+    def first_page(self, w: LaneWork) -> int:
+        """The lane's first page this ring reads: 0, or the page of its window's first position
+        (kv/groups.py window_start of its first new token; a windowed table holds it onward)."""
+        return 0 if self.window is None else window_start(w.start, self.window) // self.page
+
     def lane_pages(self, w: LaneWork) -> tuple[int, ...]:
-        """Page keys of the lane's cells 0..num_cells-1, in position order."""
+        """Page keys of the lane's cells this ring reads: positions first_page * page .. num_cells-1,
+        in position order, through its group's table; none for a ring of no layers."""
+        if not self.layers:
+            return ()
         per_chunk = self.host.chunk_size // self.page
+        ids = w.chunk_ids if self.group.index == 0 else w.window_ids[self.group.index - 1]
         n = -(-w.num_cells // self.page)
-        return tuple(w.chunk_ids[p // per_chunk] * per_chunk + p % per_chunk for p in range(n))
+        return tuple(ids[p // per_chunk] * per_chunk + p % per_chunk for p in range(self.first_page(w), n))
 
     def prepare(self, work: Sequence[LaneWork], host_write_index: torch.Tensor,
-                busy_lanes: Iterable[int] = ()) -> RingStep:
+                busy_lanes: Iterable[int] = (), lane_rings: Sequence[int] | None = None) -> RingStep:
         """Residency for `work` (rows in order): what to copy, and where each page is read.
         `busy_lanes`: lanes serving a request, with or without work this step; their rings
-        count against the budget (a lane whose request ended gives its ring back)."""
+        count against the budget (a lane whose request ended gives its ring back).
+        `lane_rings`: each row's ring in cells, given (a windowed group follows the full group's
+        sizing, cells/ring_groups.py); None: sized here. `host_write_index`: the new cells in
+        this ring's group's pool, rows in order."""
         active = set(busy_lanes) | {w.lane for w in work}
-        if self.budget is not None:
-            self._budget_lanes(work, active)
-        reads = [LaneReads(w.lane, self.sizing.pages(self.lane_ring(w, active)), self.lane_pages(w)) for w in work]
+        if lane_rings is None:
+            if self.budget is not None:
+                self._budget_lanes(work, active)
+            lane_rings = [self.lane_ring(w, active) for w in work]
+        else:
+            self._follow(work, lane_rings)
+        reads = [LaneReads(w.lane, self.sizing.pages(r), self.lane_pages(w)) for w, r in zip(work, lane_rings)]
+        if self.window is not None:
+            self._release_behind(work, reads)
         plan = self.residency.plan(reads)
-        self._count(work, reads, plan)
+        fresh = self._fresh(work, reads)
+        count_step(self.counters, work, reads, plan, fresh, self.page * self.bytes_per_cell)
         arena_cells = self.num_slots * self.page
         start = {p: s * self.page for p, s in plan.slot_of.items()}
         start.update({p: arena_cells + i * self.page for i, p in enumerate(plan.streamed)})
-        admit = merge_runs([(p * self.page, s * self.page) for p, s in plan.admitted], self.page)
-        stage = merge_runs([(p * self.page, i * self.page) for i, p in enumerate(plan.streamed)], self.page)
+        admit = merge_runs([(p * self.page, s * self.page) for p, s in plan.admitted if p not in fresh], self.page)
+        stage = merge_runs([(p * self.page, i * self.page) for i, p in enumerate(plan.streamed) if p not in fresh],
+                           self.page)
         self._ensure_staging(len(plan.streamed) * self.page)
         where = PageMap(start, arena_cells)
-        writes = [start[r.pages[pos // self.page]] + pos % self.page
-                  for w, r in zip(work, reads) for pos in range(w.start, w.num_cells)]
+        writes = []
+        if self.layers:
+            writes = [start[r.pages[pos // self.page - self.first_page(w)]] + pos % self.page
+                      for w, r in zip(work, reads) for pos in range(w.start, w.num_cells)]
         return RingStep(self, where, admit, stage, host_write_index, torch.tensor(writes, dtype=torch.long), plan)
 
-    def _count(self, work: Sequence[LaneWork], reads: Sequence[LaneReads], plan: ResidencyPlan) -> None:
-        c = self.counters
-        for w, r, lr in zip(work, reads, plan.lanes):
-            lane = c.lanes[w.lane]
-            lane.pages_read += len(r.pages)
-            lane.pages_in_place += lr.resident
-            lane.pages_streamed += lr.streamed
-            lane.pages_admitted += lr.admitted
-            lane.resident_pages = sum(1 for p in r.pages if p in plan.slot_of)
-            c.tokens += len(w.token_ids)
-            c.page_reads += len(r.pages)
-            c.page_hits += lr.resident
-        c.pages_streamed += len(plan.streamed)
-        c.pages_admitted += len(plan.admitted)
-        c.bytes_copied += (len(plan.streamed) + len(plan.admitted)) * self.page * self.host.bytes_per_cell
+    def _follow(self, work: Sequence[LaneWork], lane_rings: Sequence[int]) -> None:
+        for w, ring in zip(work, lane_rings):
+            lane = self.counters.lanes.get(w.lane)
+            if lane is None or lane.request_id != w.request_id:
+                self.counters.lanes[w.lane] = LaneRing(w.request_id, ring)
+            else:
+                lane.ring_cells = ring
+
+    def _release_behind(self, work: Sequence[LaneWork], reads: Sequence[LaneReads]) -> None:
+        """A windowed ring: pages a lane read in its last step of the same request and reads no
+        more fell behind its window (only a branch reads them again): they leave the arena, so the
+        pages entering windows take their slots rather than idle conversations' windows."""
+        now = {p for r in reads for p in r.pages}
+        behind: list[int] = []
+        for w, r in zip(work, reads):
+            last = self._last_reads.get(w.lane)
+            if last is not None and last[0] == w.request_id:
+                behind += [p for p in last[1] if p not in now]
+            self._last_reads[w.lane] = (w.request_id, r.pages)
+        self.counters.pages_released += self.residency.invalidate(behind)
+
+    def _fresh(self, work: Sequence[LaneWork], reads: Sequence[LaneReads]) -> set[int]:
+        """Pages none of whose cells holds a committed position of a lane reading them (every one
+        is written this step or later): their pool copy has nothing to read, so it is not copied."""
+        fresh: set[int] = set()
+        held: set[int] = set()
+        for w, r in zip(work, reads):
+            first = self.first_page(w)
+            for i, p in enumerate(r.pages):
+                (fresh if (first + i) * self.page >= w.start else held).add(p)
+        return fresh - held
 
     def _ensure_staging(self, cells: int) -> None:
         cells = max(cells, self.page)
@@ -217,15 +245,18 @@ class KVRing:
             for b, buf in enumerate(buffers):
                 if buf is None or buf[0].shape[1] < cells:
                     grown = max(cells, 2 * buf[0].shape[1]) if buf is not None else cells
-                    buffers[b] = (self.host.k[0].zeros_like(grown, dev), self.host.v[0].zeros_like(grown, dev))
+                    first = self.layers[0]
+                    buffers[b] = (self.host.k[first].zeros_like(grown, dev),
+                                  self.host.v[first].zeros_like(grown, dev))
 
     def abort(self, step: RingStep) -> None:
         """The step failed part way: its admitted pages may be partly copied, so they leave."""
         self.counters.pages_invalidated += self.residency.invalidate(p for p, _ in step.plan.admitted)
 
-    def on_host_write(self, flat_cell: int, num_cells: int) -> None:
-        """Pool cells were written outside the ring (a copy, a restore): their pages leave the arena."""
-        if num_cells <= 0:
+    def on_host_write(self, flat_cell: int, num_cells: int, group: int = 0) -> None:
+        """Pool cells of layer group `group` were written outside the ring (a copy, a restore):
+        this ring's pages of them leave the arena."""
+        if num_cells <= 0 or group != self.group.index:
             return
         first, last = flat_cell // self.page, (flat_cell + num_cells - 1) // self.page
         self.counters.pages_invalidated += self.residency.invalidate(range(first, last + 1))
@@ -233,7 +264,7 @@ class KVRing:
     # ---- what users see -----------------------------------------------------------------------
     def stats(self) -> dict:
         c = self.counters
-        bytes_per_page = self.page * self.host.bytes_per_cell
+        bytes_per_page = self.page * self.bytes_per_cell
         return {
             "kv_resident": self.sizing.cap,
             "page": self.page,

@@ -1,6 +1,6 @@
 """One step through the resident ring (cells/ring.py): the copies it needs and where its pages are read.
 
-`layer_caches(i)` runs layer i's copies (pages admitted into their arena slots, streamed
+`layer_caches(i)` runs layer i's copies (i one of the ring's layers: its layer group's) (pages admitted into their arena slots, streamed
 pages into staging) and returns its K and V as `RingCells`. On CUDA the copies run on a
 side stream one layer ahead (two staging buffers take turns) and the pool's copy of the
 step's new cells is written back in `finish`; on the CPU both happen in place.
@@ -28,6 +28,17 @@ class PageMap:
 
     start: dict[int, int]
     num_arena_cells: int
+
+
+def merge_runs(pairs: Sequence[tuple[int, int]], length: int) -> list[tuple[int, int, int]]:
+    """(src, dst) starts of `length`-cell blocks -> (src, dst, cells) runs, joining blocks that continue each other."""
+    runs: list[list[int]] = []
+    for src, dst in sorted(pairs):
+        if runs and runs[-1][0] + runs[-1][2] == src and runs[-1][1] + runs[-1][2] == dst:
+            runs[-1][2] += length
+        else:
+            runs.append([src, dst, length])
+    return [tuple(r) for r in runs]
 
 
 def _copy(dst: Cells, src: Cells, runs: Sequence[tuple[int, int, int]], non_blocking: bool) -> None:
@@ -60,7 +71,7 @@ class RingStep:
 
     def _buffer(self, i: int) -> tuple[Cells, Cells]:
         buffers = self.ring.staging[self.ring.layer_devices[i]]
-        return buffers[i % len(buffers)]
+        return buffers[self.ring.rank[i] % len(buffers)]  # the ring's consecutive layers take turns
 
     def _issue(self, i: int, non_blocking: bool) -> None:
         r = self.ring
@@ -91,9 +102,10 @@ class RingStep:
         if i not in self._ready:
             self._issue_async(i, compute)
         compute.wait_event(self._ready.pop(i))
-        j = i + 1
-        if j < len(self.ring.layer_devices) and self.ring.layer_devices[j] == dev:
-            self._issue_async(j, compute)
+        layers = self.ring.layers  # its group's layers: the next one may be several model layers on
+        r = self.ring.rank[i] + 1
+        if r < len(layers) and self.ring.layer_devices[layers[r]] == dev:
+            self._issue_async(layers[r], compute)
 
     def _issue_async(self, i: int, compute) -> None:
         done_before = torch.cuda.Event()

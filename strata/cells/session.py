@@ -234,11 +234,13 @@ class SessionReader:
                 on_record(i)
 
 
-def announce_written(storage: KVStorage, chunk_ids: Sequence[int], num_cells: int) -> None:
-    """Tells the storage's listeners (the ring) that positions [0, num_cells) of `chunk_ids` were
-    written other than by attention. On the engine's thread."""
-    for flat, _, length in cell_runs(chunk_ids, storage.chunk_size, 0, num_cells):
-        storage.cells_written(flat, length)
+def announce_written(storage: KVStorage, targets: Sequence[GroupCells]) -> None:
+    """Tells the storage's listeners (each group's ring) that every group's `targets[g].spans` of
+    its chunks were written other than by attention. On the engine's thread."""
+    for g, target in enumerate(targets):
+        for start, end in target.spans:
+            for flat, _, length in cell_runs(target.chunk_ids, storage.chunk_size, start, end - start):
+                storage.cells_written(flat, length, g)
 
 
 def check_compatible(header: SessionHeader, path: str, fingerprint: str, geometry: KVGeometry) -> None:

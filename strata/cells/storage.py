@@ -75,9 +75,9 @@ class KVStorage:
         if pin_memory:  # host K/V in front of an accelerator's ring: copies can be non-blocking
             self.k = [t.pinned() for t in self.k]
             self.v = [t.pinned() for t in self.v]
-        # Called with (flat cell, cells) after a write that does not go through attention
+        # Called with (flat cell, cells, group) after a write that does not go through attention
         # (cell copies, session restores): the ring drops its device copies of those cells.
-        self.write_listeners: list[Callable[[int, int], None]] = []
+        self.write_listeners: list[Callable[[int, int, int], None]] = []
         self.bytes_per_cell = kv_bytes_per_cell(kv_dtype, len(self.layer_devices), num_kv_heads, head_dim)
         self.layer_bytes_per_cell = kv_bytes_per_cell(kv_dtype, 1, num_kv_heads, head_dim)
 
@@ -97,10 +97,10 @@ class KVStorage:
         """Layer i's K and V as attention reads and writes them (the ring's step has the same method)."""
         return self.k[i], self.v[i]
 
-    def cells_written(self, flat_cell: int, num_cells: int) -> None:
-        """Cells [flat_cell, flat_cell + num_cells) were written other than by attention."""
+    def cells_written(self, flat_cell: int, num_cells: int, group: int = 0) -> None:
+        """Cells [flat_cell, flat_cell + num_cells) of layer group `group` were written other than by attention."""
         for listener in self.write_listeners:
-            listener(flat_cell, num_cells)
+            listener(flat_cell, num_cells, group)
 
     def copy_cells(self, copies: Sequence[CellCopy]) -> int:
         """Runs `copies` in every layer; returns the number of bytes copied."""
@@ -112,8 +112,7 @@ class KVStorage:
             for src, dst, n in self._runs([cp for cp in copies if cp.group == group]):
                 for t in tensors:  # K and V (and their int8 scales) of the group's layers: cells on dim 1
                     t[:, dst : dst + n].copy_(t[:, src : src + n])
-                if group == 0:
-                    self.cells_written(dst, n)
+                self.cells_written(dst, n, group)
         return sum(cp.num_cells * self.group_bytes_per_cell(cp.group) for cp in copies)
 
     def _runs(self, copies: Sequence[CellCopy]) -> list[tuple[int, int, int]]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from strata.cells.ring import KVRing
+from strata.cells.ring_groups import GroupedRing
 from strata.cells.storage import KVStorage, kv_bytes_per_cell
 from strata.config import EngineConfig, check_pool_covers_context
 from strata.drafting.draft_model import check_draft_vocab, load_draft_model
@@ -20,7 +20,7 @@ from strata.engine.scheduler import Scheduler
 from strata.kv.groups import LayerGroup, describe_groups, layer_groups, window_pool_chunks
 from strata.kv.layout import KVLayout, PooledLayout
 from strata.kv.reserve import ReservedLayout
-from strata.kv.ring_rule import round_up
+from strata.kv.ring_rule import round_up, window_ring_cells
 from strata.loader import ModelSource
 from strata.loader.build import TORCH_DTYPES
 from strata.loader.model_load import ModelLoad
@@ -44,7 +44,7 @@ class EngineParts:
     max_context: int
     layout: KVLayout
     kv: KVStorage
-    ring: KVRing | None
+    ring: GroupedRing | None
     model: LlamaModel
     runner: ModelRunner
     scheduler: Scheduler
@@ -59,10 +59,10 @@ def num_weight_params(cfg: ModelConfig) -> int:
 
 def kv_groups(config: EngineConfig, cfg: ModelConfig) -> tuple[LayerGroup, ...]:
     """The model's layer groups where the layout keeps them apart (kv/groups.py): pooled, with
-    windows, no ring (the ring streams one table) and `--kv-window-groups on`; else one group of
-    every layer."""
-    if (config.kv_pool_tokens is None or config.kv_resident is not None or not cfg.windows
-            or not config.kv_window_groups):
+    windows and `--kv-window-groups on` (with `--kv-resident`, a ring per group: cells/ring_groups.py;
+    but `--device-memory`, whose budget grants one ring); else one group of every layer."""
+    if (config.kv_pool_tokens is None or not cfg.windows or not config.kv_window_groups
+            or (config.kv_resident is not None and config.device_memory is not None)):
         return (LayerGroup(None, tuple(range(cfg.num_layers))),)
     return layer_groups(cfg.layer_windows, cfg.num_layers)
 
@@ -90,6 +90,15 @@ def group_cells(layout: KVLayout, groups: tuple[LayerGroup, ...], num_layers: in
     return sum(len(g.layers) * p.num_cells_total for g, p in zip(groups, pools))
 
 
+def ring_arenas(config: EngineConfig, groups: tuple[LayerGroup, ...]) -> list[int]:
+    """Each group's ring arena in cells per layer (cells/ring_groups.py): the full group's is the
+    budget; a windowed group's holds every lane's window ring, at most the budget."""
+    budget = round_up(config.ring_budget, config.page)
+    sizing = config.ring_sizing
+    return [budget, *(min(budget, config.num_lanes * min(sizing.cap_cells, window_ring_cells(
+        g.window, step_cells(config), config.page))) for g in groups[1:])]
+
+
 def _weight_bytes(config: EngineConfig, load: ModelLoad) -> int:
     """The model's weights in the compute dtype; a GGUF file under `--weights native` holds its
     blocks as stored: the file's size (a type without a kernel loads dense: its warning says so);
@@ -110,11 +119,10 @@ def _memory_plan(config: EngineConfig, load: ModelLoad, layout: KVLayout, draft:
     arena too on the CPU)."""
     cfg = load.config
     cells = layout.pool.num_cells_total
-    per_cell = kv_bytes_per_cell(config.kv_dtype, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
     layer_cell = kv_bytes_per_cell(config.kv_dtype, 1, cfg.num_kv_heads, cfg.head_dim)
     kv_bytes = group_cells(layout, groups, cfg.num_layers) * layer_cell
     if config.kv_resident is not None and all(d == "cpu" for d in config.devices):  # the arena is host memory too
-        kv_bytes += round_up(config.ring_budget, config.page) * per_cell
+        kv_bytes += sum(len(g.layers) * n for g, n in zip(groups, ring_arenas(config, groups))) * layer_cell
     weight_bytes = _weight_bytes(config, load)
     if config.moe.cached and cfg.num_experts and all(d == "cpu" for d in config.devices):  # slots are host memory too
         moe_layers = sum(1 for i in range(cfg.num_layers) if cfg.is_moe_layer(i))
@@ -153,19 +161,21 @@ def build_parts(config: EngineConfig, source: ModelSource | None, progress: bool
     check_memory(_memory_plan(config, load, layout, draft_load, groups), config.memory_guard_mib, config.is_pooled)
     model = load.build(max_context, progress, config.fused)
     ring = None
-    if config.kv_resident is None:
-        kv = KVStorage(pool.num_total, pool.chunk_size, cfg.num_kv_heads, cfg.head_dim, config.kv_dtype,
-                       model.layer_devices, groups=groups,
-                       group_chunks=(pool.num_total, *(p.num_total for p in layout.window_pools)))
-        if len(groups) > 1:
-            groups_log.info("KV layer groups: %s", describe_groups(
-                groups, [p.num_total for p in (pool, *layout.window_pools)], pool.chunk_size,
-                [kv.group_bytes_per_cell(g) for g in range(len(groups))]))
-    else:  # the pool in host memory, a ring of pages on each layer's device in front of it
-        accelerated = any(d.type != "cpu" for d in model.layer_devices)
-        kv = KVStorage(pool.num_total, pool.chunk_size, cfg.num_kv_heads, cfg.head_dim, config.kv_dtype,
-                       [torch.device("cpu")] * cfg.num_layers, pin_memory=accelerated)
-        ring = KVRing(kv, config.ring_sizing, config.kv_evict, config.ring_budget, model.layer_devices)
+    accelerated = any(d.type != "cpu" for d in model.layer_devices)
+    on_host = config.kv_resident is not None  # the pool in host memory, a ring of pages on each layer's device
+    kv = KVStorage(pool.num_total, pool.chunk_size, cfg.num_kv_heads, cfg.head_dim, config.kv_dtype,
+                   [torch.device("cpu")] * cfg.num_layers if on_host else model.layer_devices,
+                   pin_memory=on_host and accelerated, groups=groups,
+                   group_chunks=(pool.num_total, *(p.num_total for p in layout.window_pools)))
+    if on_host:
+        ring = GroupedRing(kv, config.ring_sizing, config.kv_evict, config.ring_budget, model.layer_devices,
+                           groups, config.num_lanes, step_cells(config))
+    if len(groups) > 1:
+        groups_log.info("KV layer groups: %s", describe_groups(
+            groups, [p.num_total for p in (pool, *layout.window_pools)], pool.chunk_size,
+            [kv.group_bytes_per_cell(g) for g in range(len(groups))]))
+        if ring is not None:
+            groups_log.info("KV ring per group: %s", ring.describe())
     draft = None
     if draft_load is not None:
         draft = load_draft_model(draft_load, config.kv_dtype, pool, max_context, progress, config.fused)

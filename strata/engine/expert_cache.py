@@ -15,7 +15,7 @@ import types
 
 import torch
 
-from strata.cells.ring import KVRing
+from strata.cells.ring_groups import GroupedRing
 from strata.cells.storage import KVStorage
 from strata.config import EngineConfig
 from strata.errors import ConfigError
@@ -25,7 +25,7 @@ from strata.moe.cache import CachedBank
 from strata.moe.cost import CostModel
 
 
-def attach_expert_cache(config: EngineConfig, model, kv: KVStorage, ring: KVRing | None):
+def attach_expert_cache(config: EngineConfig, model, kv: KVStorage, ring: GroupedRing | None):
     """Returns (CachedBank or None, DeviceBudget or None)."""
     opts = config.moe
     experts = getattr(model, "experts", None) or []

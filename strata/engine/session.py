@@ -83,6 +83,7 @@ class _Flight:
     verified_first: bool = False
     on_record: OnRecord | None = None  # the caller's hook, after each record the stream writes or reads
     cancel: threading.Event = field(default_factory=threading.Event)
+    targets: list = field(default_factory=list)  # a restore's GroupCells, one per group (what it writes)
 
 
 class SessionFiles:
@@ -206,6 +207,7 @@ class SessionFiles:
         n = table.num_cells
         targets = [GroupCells(table.chunk_ids, ((0, n),)), *(
             GroupCells(w.chunk_ids, held_spans(w.window, w.pool.chunk_size, n, w.kept)) for w in table.windows)]
+        flight.targets = targets
         flight.work = self.worker.submit(lambda: flight.reader.restore_cells(self._kv, targets, progress))
 
     def _pool_full(self, num_cells: int) -> PoolFullError:
@@ -239,7 +241,7 @@ class SessionFiles:
         if error is not None:
             self._holds.drop(hold)
             return self._end(flight, error, None)
-        announce_written(self._kv, hold.table.chunk_ids, hold.num_cells)
+        announce_written(self._kv, flight.targets)
         conv = self._holds.finish(hold)
         reader = flight.reader
         return self._end(flight, None, lambda: SessionRestored(

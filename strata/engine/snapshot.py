@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from strata.cells.ring import KVRing
+from strata.cells.ring_groups import GroupedRing
 from strata.drafting.planner import SpecCounters
 from strata.engine.conversation import Sequence
 from strata.engine.scheduler import Scheduler
@@ -27,7 +27,7 @@ class LaneView:
     num_prompt_tokens: int | None
     num_output_tokens: int | None
     num_chunks_shared: int = 0  # of its chunks, those another conversation holds too (a shared prefix)
-    ring: dict | None = None  # --kv-resident: the lane's ring (KVRing.lane_stats), for its last request
+    ring: dict | None = None  # --kv-resident: the lane's ring (GroupedRing.lane_stats), for its last request
     spec: dict | None = None  # --spec: the running request's drafts (drafted, accepted, acceptance, k)
 
 
@@ -42,7 +42,7 @@ class EngineSnapshot:
     retry_after: int  # the engine's current hint, in seconds
     max_context: int
     bytes_per_cell: int  # K and V of one position across all layers
-    ring: dict | None = None  # --kv-resident: the ring's counters (KVRing.stats)
+    ring: dict | None = None  # --kv-resident: the ring's counters (GroupedRing.stats)
     spec: SpecCounters | None = None  # --spec: drafts over every request (a copy)
     moe: dict | None = None  # --moe-resident / --device-memory: the expert cache's counters (CachedBank.stats)
     # With layer groups: K and V of one position in each group's layers (the full group's first)
@@ -63,7 +63,7 @@ class EngineSnapshot:
         return sum(n * b for n, b in zip(held, self.group_bytes_per_cell)) * self.pool.chunk_size
 
 
-def take_snapshot(scheduler: Scheduler, ring: KVRing | None, retry_after: int, bytes_per_cell: int,
+def take_snapshot(scheduler: Scheduler, ring: GroupedRing | None, retry_after: int, bytes_per_cell: int,
                   bank=None, group_bytes_per_cell: tuple[int, ...] = (),
                   group_layers: tuple[int, ...] = ()) -> EngineSnapshot:
     """Call where the scheduler is not changing (the thread that steps the engine)."""

@@ -83,3 +83,10 @@ class RingSizing:
 
     def pages(self, cells: int) -> int:
         return -(-cells // self.page)
+
+
+def window_ring_cells(window: int, step_cells: int, page: int) -> int:
+    """The ring that holds every page a layer with `window` reads in a step writing up to
+    `step_cells` cells: positions window_start(start) .. start + step_cells - 1 (window - 1 +
+    step_cells cells) span at most ceil(that / page) + 1 pages."""
+    return page * (-(-(window - 1 + step_cells) // page) + 1)

@@ -15,19 +15,22 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from strata.cells.ring_groups import GroupedStep
 from strata.cells.ring_step import PageMap, RingStep
 from strata.models.attention import AttentionMeta
 from strata.models.cell_reads import DecodeContiguous, DecodeRuns, DecodeSpans, PrefillContiguous, PrefillRuns
 from strata.runner.reads import split_for_rows
-from strata.runner.windows import window_metas
+from strata.runner.windows import cut_meta, runs_from, window_metas
 from strata.step import LaneWork
 
 
-def lane_runs(pages: Sequence[int], num_cells: int, page: int, where: PageMap) -> tuple[slice, ...]:
-    """The virtual cells of positions 0..num_cells-1 as runs, in position order."""
+def lane_runs(pages: Sequence[int], num_cells: int, page: int, where: PageMap,
+              first_page: int = 0) -> tuple[slice, ...]:
+    """The virtual cells of positions first_page * page .. num_cells-1 (`pages` from that page
+    on) as runs, in position order."""
     runs: list[list[int]] = []
     boundary = where.num_arena_cells
-    for i, p in enumerate(pages):
+    for i, p in enumerate(pages, start=first_page):
         start = where.start[p]
         n = min(page, num_cells - i * page)
         if runs and runs[-1][1] == start and (start != boundary):
@@ -37,21 +40,45 @@ def lane_runs(pages: Sequence[int], num_cells: int, page: int, where: PageMap) -
     return tuple(slice(a, b) for a, b in runs)
 
 
-def ring_metas(work: Sequence[LaneWork], step: RingStep, windows: Sequence[int] = (),
+def _in_arena(work: Sequence[LaneWork], step: RingStep, runs: Callable[[LaneWork], tuple[slice, ...]]) -> bool:
+    return all(r.stop <= step.pages.num_arena_cells for w in work if w.reads_as_decode for r in runs(w))
+
+
+def ring_metas(work: Sequence[LaneWork], step: GroupedStep, windows: Sequence[int] = (),
                kernel: Callable | None = None) -> dict[int | None, AttentionMeta]:
-    """The step's addressing through the ring per window (None: full attention; each of
-    `windows`: reads cut to it, runner/windows.py). `kernel`: the fused decode attention;
-    it reads every decode row in place when all of their runs are in the arena (nothing
-    streamed for them: the ring's shallow tier), else the rows are read run by run."""
-    ring, where = step.ring, step.pages
+    """The step's addressing through the ring per window (None: full attention). With one ring
+    (one layer group): each of `windows` reads the full addressing cut to it (runner/windows.py).
+    With a ring per group: each windowed group's own pages, from its window's first page, cut
+    to the window. `kernel`: the fused decode attention; a group's decode rows read through it
+    when all of their runs are in its arena (nothing streamed for them), else run by run."""
+    full = step.steps[0]
+    ring = full.ring
 
     def runs(w: LaneWork) -> tuple[slice, ...]:
-        return lane_runs(ring.lane_pages(w), w.num_cells, ring.page, where)
+        return lane_runs(ring.lane_pages(w), w.num_cells, ring.page, full.pages)
 
-    decoding = [w for w in work if w.reads_as_decode]
-    if kernel is not None and not all(r.stop <= where.num_arena_cells for w in decoding for r in runs(w)):
-        kernel = None
-    return window_metas(ring_meta(work, step, kernel), work, windows, runs, kernel)
+    if len(step.steps) == 1:
+        k = kernel if _in_arena(work, full, runs) else None
+        return window_metas(ring_meta(work, full, k), work, windows, runs, k)
+    metas: dict[int | None, AttentionMeta] = {}
+    if ring.layers:
+        metas[None] = ring_meta(work, full, kernel if _in_arena(work, full, runs) else None)
+    for s in step.steps[1:]:
+        metas[s.ring.window] = _window_meta(work, s, kernel)
+    return metas
+
+
+def _window_meta(work: Sequence[LaneWork], step: RingStep, kernel: Callable | None) -> AttentionMeta:
+    """A windowed group's addressing through its ring: its reads cut to its window."""
+    ring = step.ring
+
+    def runs(w: LaneWork) -> tuple[slice, ...]:
+        return lane_runs(ring.lane_pages(w), w.num_cells, ring.page, step.pages, ring.first_page(w))
+
+    def runs_after(w: LaneWork, first: int) -> tuple[slice, ...]:
+        return runs_from(runs(w), first - ring.first_page(w) * ring.page)
+
+    return cut_meta(step.write_index, work, ring.window, runs_after, kernel if _in_arena(work, step, runs) else None)
 
 
 def ring_meta(work: Sequence[LaneWork], step: RingStep, kernel: Callable | None = None) -> AttentionMeta:

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from strata.cells.ring import KVRing
+from strata.cells.ring_groups import GroupedRing
 from strata.cells.storage import KVStorage
 from strata.drafting.draft_model import DraftModel, ModelDrafter, with_drafts
 from strata.drafting.verify import verify
@@ -21,7 +21,7 @@ from strata.step import DraftOutcome, LaneWork, Sampled, StepOutput, StepPlan
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, kv: KVStorage, ring: KVRing | None = None,
+    def __init__(self, model: LlamaModel, kv: KVStorage, ring: GroupedRing | None = None,
                  draft: DraftModel | None = None):
         self.model = model
         self.kv = kv
@@ -107,7 +107,8 @@ class ModelRunner:
         counts the rings of `busy_lanes` too)."""
         if self.ring is None:
             return self.lanes.logits(inputs, logits_rows)
-        step = self.ring.prepare(inputs.work, inputs.meta.write_index, busy_lanes)
+        write_index = {window: meta.write_index for window, meta in inputs.metas.items()}  # each group's pool cells
+        step = self.ring.prepare(inputs.work, write_index, busy_lanes)
         try:
             kernel = self.model.decode_attention_kernel(self.kv.dtype)
             metas = ring_metas(inputs.work, step, self.model.cfg.windows, kernel)

@@ -66,10 +66,10 @@ def window_meta(full: AttentionMeta, work: Sequence[LaneWork], window: int, lane
     `full` itself."""
     if all(w.num_cells <= window for w in work):
         return full
-    return _cut_meta(full.write_index, work, window, lambda w, first: runs_from(lane_runs(w), first), kernel)
+    return cut_meta(full.write_index, work, window, lambda w, first: runs_from(lane_runs(w), first), kernel)
 
 
-def _cut_meta(write_index: torch.Tensor, work: Sequence[LaneWork], window: int,
+def cut_meta(write_index: torch.Tensor, work: Sequence[LaneWork], window: int,
               runs_after: Callable[[LaneWork, int], tuple[slice, ...]], kernel: Callable | None) -> AttentionMeta:
     """Reads cut to `window`; `runs_after(w, first)`: lane w's cells of positions first.. as runs."""
     decoding = [w for w in work if w.reads_as_decode]
@@ -135,7 +135,7 @@ def group_metas(full: AttentionMeta, work: Sequence[LaneWork], windows: Sequence
     for g, window in enumerate(windows, start=1):
         def runs_after(w: LaneWork, first: int, g: int = g) -> tuple[slice, ...]:
             return group_runs(w.window_ids[g - 1], w.num_cells, chunk_size, first)
-        metas[window] = _cut_meta(group_write_index(work, g, chunk_size), work, window, runs_after, kernel)
+        metas[window] = cut_meta(group_write_index(work, g, chunk_size), work, window, runs_after, kernel)
     return metas
 
 

@@ -42,6 +42,16 @@ def ring_metrics(snap: EngineSnapshot) -> Iterator[Metric]:
          "budget_fallbacks"),
     ):
         yield CounterMetricFamily(name, doc, value=ring[key])
+    if "groups" in ring:  # a ring per layer group (cells/ring_groups.py): the totals above sum them
+        streamed = CounterMetricFamily("strata_kv_ring_group_bytes_streamed",
+                                       "bytes copied from the pool to the device, per layer group", labels=["window"])
+        arena = GaugeMetricFamily("strata_kv_ring_group_arena_cells", "device cells per layer of the group's arena",
+                                  labels=["window"])
+        for g in ring["groups"]:
+            label = ["full" if g["window"] is None else str(g["window"])]
+            streamed.add_metric(label, g["bytes_streamed"])
+            arena.add_metric(label, g["budget_cells"])
+        yield from (streamed, arena)
 
 
 def spec_metrics(snap: EngineSnapshot) -> Iterator[Metric]:

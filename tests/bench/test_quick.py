@@ -43,6 +43,7 @@ QUICK = {
     "moe": ([], ["moe-quick.json", "moe-quick.png"], ["--quick: strata's arms only"]),
     "moe_cache": ([], ["moe_cache.json", "moe_cache.png"], ["policy by measurement", "x Belady bytes"]),
     "window": ([], ["window-quick.json", "window-quick.png"], ["groups / keep:", "SYNTHETIC"]),
+    "ring_window": ([], ["ring_window-quick.json"], ["per group / one ring:", "same greedy tokens: True", "SYNTHETIC"]),
 }
 # Not Python benchmarks: ring_cuda.sh and moe_cuda.sh run the ring's and the expert cache's tests on a CUDA machine.
 NOT_BENCHMARKS = {"__init__.py", "common.py"}
@@ -60,7 +61,7 @@ def test_quick_run_writes_its_files_and_prints_its_table(name, tmp_path):
     require("matplotlib")
     if name == "cluster":
         require("ray.serve")
-    if name == "window":  # Gemma 3 270M's sliding-window geometry
+    if name in ("window", "ring_window"):  # Gemma 3 270M's sliding-window geometry
         require_gemma3_file()
     args, files, says = QUICK[name]
     out = tmp_path / name

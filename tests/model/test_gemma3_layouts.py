@@ -88,7 +88,7 @@ def reference(model_dir, engines):
 
 
 def run(engine: Engine, prompts: list[list[int]]) -> list[list[int]]:
-    return run_requests(engine, prompts, GREEDY, lambda e: e._ring is not None and e._ring.residency.check())
+    return run_requests(engine, prompts, GREEDY, lambda e: e._ring is not None and e._ring.check())
 
 
 @settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -66,7 +66,7 @@ def engines(tiny_llama_dir):
 
 
 def run(engine: Engine, prompts: list[list[int]]) -> list[list[int]]:
-    return run_requests(engine, prompts, GREEDY, lambda e: e._ring is not None and e._ring.residency.check())
+    return run_requests(engine, prompts, GREEDY, lambda e: e._ring is not None and e._ring.check())
 
 
 def reference(engines, prompt: list[int], kv: str) -> list[int]:
@@ -136,7 +136,7 @@ def test_resident_pages_match_the_pool_exactly(engines):
     engine = engines(True, 16, False, "f32", 3, "lrfu")
     engine._scheduler.clear_cache()
     run(engine, [list(range(500, 590)), list(range(700, 733))])
-    ring = engine._ring
+    ring = engine._ring.full
     assert ring.residency.num_resident > 0
     for page, slot in ring.residency.slot_of.items():
         for layer in range(engine._kv.num_layers):

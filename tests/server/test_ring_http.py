@@ -51,9 +51,14 @@ def test_lanes_get_their_own_ring_sizes(ring_server):
     lane_cells = sorted(v for k, v in m.items() if k.startswith("strata_kv_ring_cells{"))
     assert lane_cells == [64.0, 256.0]
     assert m["strata_kv_ring_budget_cells"] == 384.0
+    # one layer group (no windows): the per-group families have its one row
+    assert [k for k in m if k.startswith("strata_kv_ring_group_arena_cells")] == [
+        'strata_kv_ring_group_arena_cells{window="full"}']
+    assert m['strata_kv_ring_group_arena_cells{window="full"}'] == 384.0
     # Each context fits its lane's ring (24 cells in 64, 242 in 256): no page passes through
-    # staging; the bytes copied are the pages admitted into the rings.
-    assert m["strata_kv_ring_pages_streamed_total"] == 0 and m["strata_kv_ring_bytes_streamed_total"] > 0
+    # staging, and the pages admitted into the rings are written there first (no copy).
+    assert m["strata_kv_ring_pages_streamed_total"] == 0 and m["strata_kv_ring_pages_admitted_total"] > 0
+    assert m["strata_kv_ring_bytes_streamed_total"] == 0
     assert m["strata_kv_ring_budget_fallbacks_total"] == 0
 
 

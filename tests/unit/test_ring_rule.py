@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from strata.config import EngineConfig
 from strata.errors import ConfigError
-from strata.kv.ring_rule import ADAPT_ENV, DEFAULT_RING, RESIDENT_MIN, RingSizing, ring_adapt_enabled
+from strata.kv.groups import window_start
+from strata.kv.ring_rule import (ADAPT_ENV, DEFAULT_RING, RESIDENT_MIN, RingSizing, ring_adapt_enabled,
+                                 window_ring_cells)
 
 CAP = 49152
 PAGE = 256
@@ -98,3 +102,13 @@ def test_budget_defaults_to_every_lane_at_the_cap():
     assert EngineConfig(kv_resident=1000, kv_ring_budget=5000, kv_ring_adapt=False).ring_budget == 5000
     assert EngineConfig(kv_chunk=16).page == 16 and EngineConfig().page == 256
 
+
+
+@given(window=st.integers(1, 2048), step=st.integers(1, 1024), page=st.sampled_from([16, 64, 256]),
+       start=st.integers(0, 100_000))
+def test_a_window_ring_holds_every_page_a_windowed_step_reads(window, step, page, start):
+    """A step writing `step` cells from `start` reads positions window_start(start) .. start + step - 1
+    through a window: those pages fit the window ring (cells/ring_groups.py), whatever the offsets."""
+    first = window_start(start, window)
+    pages = (start + step - 1) // page - first // page + 1
+    assert pages * page <= window_ring_cells(window, step, page)

@@ -1,0 +1,56 @@
+"""The resident ring's counters (cells/ring.py): per lane and in all, what was read and copied. No torch here."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from strata.kv.residency import LaneReads, ResidencyPlan
+from strata.step import LaneWork
+
+
+@dataclass
+class LaneRing:
+    """One lane's ring and what it read (totals since start)."""
+
+    request_id: str
+    ring_cells: int
+    resident_pages: int = 0  # of its conversation, after the last step's admissions
+    pages_read: int = 0
+    pages_in_place: int = 0  # read where they were resident
+    pages_streamed: int = 0  # read through staging
+    pages_admitted: int = 0
+
+
+@dataclass
+class RingCounters:
+    tokens: int = 0  # cells written through the ring
+    page_reads: int = 0  # lane-page reads
+    page_hits: int = 0  # ... of pages resident before the step
+    pages_streamed: int = 0  # pages copied into staging (each once per step)
+    pages_admitted: int = 0  # pages copied into the arena
+    pages_invalidated: int = 0
+    pages_released: int = 0  # a windowed ring's pages that fell behind every window reading them
+    bytes_copied: int = 0  # host -> device, every layer, staging and admissions
+    sizings: int = 0
+    budget_fallbacks: int = 0  # lanes that kept the floor ring because the budget was spent
+    lanes: dict[int, LaneRing] = field(default_factory=dict)
+
+
+def count_step(c: RingCounters, work: Sequence[LaneWork], reads: Sequence[LaneReads], plan: ResidencyPlan,
+               fresh: set[int], bytes_per_page: int) -> None:
+    """One step's reads and copies (`fresh` pages are not copied: cells/ring.py `_fresh`)."""
+    for w, r, lr in zip(work, reads, plan.lanes):
+        lane = c.lanes[w.lane]
+        lane.pages_read += len(r.pages)
+        lane.pages_in_place += lr.resident
+        lane.pages_streamed += lr.streamed
+        lane.pages_admitted += lr.admitted
+        lane.resident_pages = sum(1 for p in r.pages if p in plan.slot_of)
+        c.tokens += len(w.token_ids)
+        c.page_reads += len(r.pages)
+        c.page_hits += lr.resident
+    c.pages_streamed += len(plan.streamed)
+    c.pages_admitted += len(plan.admitted)
+    copied = sum(1 for p in plan.streamed if p not in fresh) + sum(1 for p, _ in plan.admitted if p not in fresh)
+    c.bytes_copied += copied * bytes_per_page
