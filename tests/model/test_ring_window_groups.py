@@ -151,3 +151,24 @@ def test_a_window_ring_streams_nothing_and_the_full_group_streams(engines, arch,
         stats = engine._ring.lane_stats(lane)
         if stats is not None:
             assert stats["window_rings"] == {str(window): min(window_ring(window), stats["ring_cells"])}
+
+
+@pytest.mark.parametrize(("arch", "window", "chunk", "ring"), [("gemma3_text", 8, 16, "window"),
+                                                               ("mistral", 20, 16, "page")])
+def test_a_session_round_trip_through_group_rings(engines, tmp_path, arch, window, chunk, ring):
+    """Save a conversation grown past many windows (format version 2), drop it, let another
+    conversation's K/V take its chunks and the rings, restore it: the follow-up through every
+    group's ring gives the keep-everything tokens from the restored cells."""
+    engine = engines(arch, window, chunk, ring)
+    engine._scheduler.clear_cache()
+    first = list(range(100, 230))
+    (out,) = run(engine, [first, list(range(500, 560))])[:1]  # a second lane fills the rings with other cells
+    path = str(tmp_path / "conv.strata")
+    engine.save_session(path, token_ids=first + out)
+    engine._scheduler.clear_cache()
+    run(engine, [list(range(700, 840))])  # other K/V now sits where the saved conversation's did
+    engine._scheduler.clear_cache()
+    engine.restore_session(path)
+    follow = first + out + list(range(7, 15))
+    assert run(engine, [follow]) == keep_everything(engines, arch, window, [follow])
+    assert engine._scheduler.counters.num_cached_tokens > 0
