@@ -10,13 +10,13 @@ Strata runs up to four ways, so that each comparison is like for like: `--weight
 (its default: decode steps read the file's quantized blocks in place, prompt pieces a
 dense copy), `--weights native` (the file's blocks only, at every step: the memory mode),
 `--weights dense` (dequantised bf16 weights, as transformers holds them), `--weights auto`
-with $STRATA_Q4_KERNEL=int4 (`auto-int4`: Q4_0/Q4_1 decode rows on torch's int4 kernel, the
-choice before strata's x8 kernel), and `--weights auto` with `--kv-pool-tokens` (the shared pool, sized as the 8 lanes' reservations; the
+with $STRATA_Q4_KERNEL=x8 (`auto-x8`: Q4_0/Q4_1 decode rows on strata's x8 kernel instead of
+torch's int4 kernel), and `--weights auto` with `--kv-pool-tokens` (the shared pool, sized as the 8 lanes' reservations; the
 "pool / reserved" row shows what the pool costs at short contexts). transformers runs
 dense bf16; llama.cpp reads the file as it is.
 
     python benchmarks/decode.py [--model PATH] [--label TEXT] [--rounds 3] [--new 128] [--threads 2]
-                                [--strata auto,auto-int4,native,dense,pool] [--peers transformers,llama.cpp] [--quick]
+                                [--strata auto,auto-x8,native,dense,pool] [--peers transformers,llama.cpp] [--quick]
 
 `--quick` runs strata's `--weights auto` arm alone (no peer: transformers and llama.cpp are
 measured in full runs only, and the output says so) on a 32-token prompt, 4 new tokens, one round.
@@ -48,14 +48,14 @@ PARAGRAPH = (
 LANES = 8
 KV_CHUNK = 128  # each lane reserves about what it uses, as transformers' static cache does
 # --strata value -> arm
-STRATA_ARMS = {"auto": "strata", "auto-int4": "strata-int4", "native": "strata-native", "dense": "strata-dense",
+STRATA_ARMS = {"auto": "strata", "auto-x8": "strata-x8", "native": "strata-native", "dense": "strata-dense",
                "pool": "strata-pool"}
 PEERS = ("transformers", "llama.cpp")
 
 
 def labels(label: str) -> dict[str, str]:
     return {"strata": f"strata {label} (--weights auto)", "strata-native": f"strata {label} (--weights native)",
-            "strata-int4": f"strata {label} (--weights auto, STRATA_Q4_KERNEL=int4)",
+            "strata-x8": f"strata {label} (--weights auto, STRATA_Q4_KERNEL=x8)",
             "strata-dense": "strata dense bf16 (--weights dense)",
             "strata-pool": f"strata {label}, pool (--kv-pool-tokens)", "transformers": "transformers dense bf16",
             "llama.cpp": f"llama.cpp {label}"}
@@ -144,10 +144,10 @@ def arm_strata_dense(args) -> dict:
     return arm_strata(argparse.Namespace(**{**vars(args), "weights": "dense"}))
 
 
-def arm_strata_int4(args) -> dict:
-    """The auto arm with Q4_0/Q4_1 decode rows on torch's int4 kernel, the choice before the x8
-    kernel (models/linear.py): the before of a before/after in one interleaved run."""
-    os.environ["STRATA_Q4_KERNEL"] = "int4"
+def arm_strata_x8(args) -> dict:
+    """The auto arm with Q4_0/Q4_1 decode rows on strata's x8 kernel instead of torch's int4
+    kernel (models/linear.py): both sides of the choice in one interleaved run."""
+    os.environ["STRATA_Q4_KERNEL"] = "x8"
     return arm_strata(args)
 
 
@@ -203,7 +203,7 @@ def arm_llamacpp(args) -> dict:
     return speeds(args, r["load_s"], r["prefill_s"], r["dec1_s"], r["dec8_s"], r["base_rss_mib"])
 
 
-ARMS = {"strata": arm_strata, "strata-int4": arm_strata_int4, "strata-native": arm_strata_native,
+ARMS = {"strata": arm_strata, "strata-x8": arm_strata_x8, "strata-native": arm_strata_native,
         "strata-dense": arm_strata_dense,
         "strata-pool": arm_strata_pool, "transformers": arm_transformers, "llama.cpp": arm_llamacpp}
 METRICS = ["prefill_tok_s", "decode_tok_s", "decode8_tok_s", "load_s", "peak_rss_mib", "peak_over_runtime_mib"]

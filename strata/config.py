@@ -172,9 +172,10 @@ def quant_isa_from_env(environ: Mapping[str, str] | None = None) -> str:
 
 def q4_kernel_from_env(environ: Mapping[str, str] | None = None) -> str:
     """`$STRATA_Q4_KERNEL`: which kernel `--weights auto` reads Q4_0/Q4_1 projections with at
-    bfloat16 decode rows. Unset, empty, `auto` or `x8`: strata's x8 kernel (models/q4x8.py);
-    `int4`: torch's int4 kernel (the choice before it, kept for comparisons); anything else
-    is an error."""
+    bfloat16 decode rows. Unset, empty, `auto` or `int4`: torch's int4 kernel (bfloat16
+    activations); `x8`: strata's x8 kernel (models/q4x8.py: faster, but its 8-bit activations
+    put the default model outside tests/model/test_serving_accuracy.py's bound on the mean
+    logit difference, so it is not the default); anything else is an error."""
     environ = os.environ if environ is None else environ
     value = environ.get(Q4_KERNEL_ENV, "").strip().lower() or "auto"
     if value not in Q4_KERNELS:

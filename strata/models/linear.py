@@ -6,10 +6,11 @@ Which form a projection reads (`fused_linear`), as measured by benchmarks/quant_
 
 - `--weights native`: the file's blocks (models/quant.py) at every step, any dtype;
 - `--weights auto`, bfloat16: a step's decode rows, when it has at most `quant_max_rows()` of
-  them, read Q4_0 and Q4_1 through strata's x8 kernel (q4x8.py: 8 columns interleaved; EPYC,
-  VNNI: 1 row 0.10 ms, 4 rows 0.29, 8 rows 0.54 against torch's int4 kernel's 0.20, 0.35,
-  0.68; its AVX2 variant 0.12, 0.35, 0.71 against 0.20, 0.35, 0.68), or through torch's int4
-  kernel (q4.py) where $STRATA_Q4_KERNEL=int4 says so or strata's kernels are not built;
+  them, read Q4_0 and Q4_1 through torch's int4 kernel (q4.py; 1 row 0.29 ms against 0.40 ms
+  for strata's kernel on the AMX guest), or with $STRATA_Q4_KERNEL=x8 through strata's x8
+  kernel (q4x8.py: 8 columns interleaved; EPYC, VNNI: 1 row 0.10 ms, 4 rows 0.29, 8 rows 0.54
+  against torch's int4 kernel's 0.20, 0.35, 0.68; AVX2 variant 0.12, 0.35, 0.71; not the
+  default: its 8-bit activations miss tests/model/test_serving_accuracy.py's logit bound);
   every other type through strata's kernel (Q8_0 0.31 ms; on a
   1024-wide layer Q4_K 0.61 ms against 0.79 ms for its int4 form); prompt rows (in any step:
   models/rows.py) and more decode rows read the dense copy, whose bfloat16 GEMM runs on AMX
@@ -159,7 +160,7 @@ def fused_linear(
             return Linear(all_dense(), bias)
         rows = quant_max_rows(dtype)
         if dtype == torch.bfloat16 and all(q.qtype in INT4_FASTER for q in quant):
-            if q4_kernel_from_env() != "int4" and quant[0].in_features % GROUP == 0:
+            if q4_kernel_from_env() == "x8" and quant[0].in_features % GROUP == 0:
                 return Linear(all_dense(), bias, max_rows=rows, x8=X8Matmul.from_parts(quant))
             q4 = Q4Weight.cat([q4_from_blocks(q.raw.numpy(), q.qtype, (q.out_features, q.in_features)) for q in quant])
             return Linear(all_dense(), bias, int4=pack_for_cpu(q4, dtype), max_rows=rows)
