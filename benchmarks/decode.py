@@ -9,13 +9,14 @@ the same thread count, a 512-token prompt.
 Strata runs up to four ways, so that each comparison is like for like: `--weights auto`
 (its default: decode steps read the file's quantized blocks in place, prompt pieces a
 dense copy), `--weights native` (the file's blocks only, at every step: the memory mode),
-`--weights dense` (dequantised bf16 weights, as transformers holds them), and `--weights
-auto` with `--kv-pool-tokens` (the shared pool, sized as the 8 lanes' reservations; the
+`--weights dense` (dequantised bf16 weights, as transformers holds them), `--weights auto`
+with $STRATA_Q4_KERNEL=x8 (`auto-x8`: Q4_0/Q4_1 decode rows on strata's x8 kernel instead of
+torch's int4 kernel), and `--weights auto` with `--kv-pool-tokens` (the shared pool, sized as the 8 lanes' reservations; the
 "pool / reserved" row shows what the pool costs at short contexts). transformers runs
 dense bf16; llama.cpp reads the file as it is.
 
     python benchmarks/decode.py [--model PATH] [--label TEXT] [--rounds 3] [--new 128] [--threads 2]
-                                [--strata auto,native,dense,pool] [--peers transformers,llama.cpp] [--quick]
+                                [--strata auto,auto-x8,native,dense,pool] [--peers transformers,llama.cpp] [--quick]
 
 `--quick` runs strata's `--weights auto` arm alone (no peer: transformers and llama.cpp are
 measured in full runs only, and the output says so) on a 32-token prompt, 4 new tokens, one round.
@@ -47,12 +48,14 @@ PARAGRAPH = (
 LANES = 8
 KV_CHUNK = 128  # each lane reserves about what it uses, as transformers' static cache does
 # --strata value -> arm
-STRATA_ARMS = {"auto": "strata", "native": "strata-native", "dense": "strata-dense", "pool": "strata-pool"}
+STRATA_ARMS = {"auto": "strata", "auto-x8": "strata-x8", "native": "strata-native", "dense": "strata-dense",
+               "pool": "strata-pool"}
 PEERS = ("transformers", "llama.cpp")
 
 
 def labels(label: str) -> dict[str, str]:
     return {"strata": f"strata {label} (--weights auto)", "strata-native": f"strata {label} (--weights native)",
+            "strata-x8": f"strata {label} (--weights auto, STRATA_Q4_KERNEL=x8)",
             "strata-dense": "strata dense bf16 (--weights dense)",
             "strata-pool": f"strata {label}, pool (--kv-pool-tokens)", "transformers": "transformers dense bf16",
             "llama.cpp": f"llama.cpp {label}"}
@@ -141,6 +144,13 @@ def arm_strata_dense(args) -> dict:
     return arm_strata(argparse.Namespace(**{**vars(args), "weights": "dense"}))
 
 
+def arm_strata_x8(args) -> dict:
+    """The auto arm with Q4_0/Q4_1 decode rows on strata's x8 kernel instead of torch's int4
+    kernel (models/linear.py): both sides of the choice in one interleaved run."""
+    os.environ["STRATA_Q4_KERNEL"] = "x8"
+    return arm_strata(args)
+
+
 def arm_strata_native(args) -> dict:
     """The strata arm holding only the file's quantized blocks (`--weights native`)."""
     return arm_strata(argparse.Namespace(**{**vars(args), "weights": "native"}))
@@ -193,7 +203,8 @@ def arm_llamacpp(args) -> dict:
     return speeds(args, r["load_s"], r["prefill_s"], r["dec1_s"], r["dec8_s"], r["base_rss_mib"])
 
 
-ARMS = {"strata": arm_strata, "strata-native": arm_strata_native, "strata-dense": arm_strata_dense,
+ARMS = {"strata": arm_strata, "strata-x8": arm_strata_x8, "strata-native": arm_strata_native,
+        "strata-dense": arm_strata_dense,
         "strata-pool": arm_strata_pool, "transformers": arm_transformers, "llama.cpp": arm_llamacpp}
 METRICS = ["prefill_tok_s", "decode_tok_s", "decode8_tok_s", "load_s", "peak_rss_mib", "peak_over_runtime_mib"]
 

@@ -6,6 +6,7 @@ its LM head (49152 x 576), at 1, 4 and 8 rows (and 16, 64 for where a prompt pie
 prefer dense weights), this times:
 
 - strata int8: `quant_matmul` with 8-bit activations (what bfloat16 compute runs), per type;
+- strata x8: Q4_0/Q4_1 blocks with 8 columns interleaved (models/q4x8.py), 8-bit activations;
 - strata float: `quant_matmul` with float32 activations (what float32 compute runs);
 - torch int4: `torch._weight_int4pack_mm_for_cpu`, the kernel Q4_0/Q4_1 used before
   (group 32, w = (q - 8) * scale + zero: Q4_0, Q4_1 and Q4_K's per-32 scale/min fit it);
@@ -100,6 +101,13 @@ def arms_for(shapes: dict, ops, rng) -> dict[str, list]:
             (k, lambda xb, xf, r=rows8: torch._weight_int8pack_mm(xb, r.codes, r.scale)))
     if ops is None:
         return arms
+    from strata.models.q4x8 import X8Matmul
+    from strata.models.quant import QuantWeight
+
+    for name, qtype in (("Q4_0", 2), ("Q4_1", 3)):  # the x8 form of the same blocks (models/q4x8.py)
+        arms[f"strata x8 {name}"] = [
+            (k, lambda xb, xf, m=X8Matmul.from_parts([QuantWeight(random_blocks(qtype, out, k, rng), qtype, k)]): m(xb))
+            for out, k in shapes.values()]
     for name, qtype in TYPES.items():
         if any(k % BLOCK[qtype][0] for _, k in shapes.values()):
             continue
@@ -118,6 +126,7 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--isa", default="auto", help="the quantized kernels' instruction set (auto, avx2, avx512_vnni)")
     p.add_argument("--head", action="store_true", help="time the LM head instead of one layer")
+    p.add_argument("--arms", default="", help="comma-separated substrings: only arms whose name has one")
     p.add_argument("--layer", default="576,192,1536",
                    help="hidden,kv,ffn of the layer (default: the default model's; K-quants need multiples of 256)")
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
@@ -138,6 +147,10 @@ def main() -> None:
     isa = ops.quant_isa() if ops is not None else "not built"
     shapes = {"head": HEAD} if args.head else layer_shapes(*(int(v) for v in args.layer.split(",")))
     arms = arms_for(shapes, ops, np.random.default_rng(0))
+    if ops is not None:  # binding a kernel loads the ops afresh, at $STRATA_QUANT_ISA's choice
+        ops.set_quant_isa(args.isa)
+    if args.arms:
+        arms = {a: f for a, f in arms.items() if a == "dense bf16" or any(s in a for s in args.arms.split(","))}
     reps = max(2, args.reps // 10) if args.head else args.reps
     times: dict[str, dict[int, list[float]]] = {a: {r: [] for r in ROWS} for a in arms}
     with torch.inference_mode():

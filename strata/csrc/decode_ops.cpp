@@ -11,7 +11,7 @@
 //   silu_mul(gate_up)                      gate_up [rows, 2 n] -> silu(gate) * up [rows, n]
 //   decode_attention(q, k_cache, v_cache, spans, row_spans, scale)    (decode_attention.cpp)
 //   attention_isa, attention_isas, set_attention_isa: its instruction set (AVX-512 or AVX2)
-//   QuantLinear, quant_matmul, quant_dequant_rows, quant_isa, quant_isas, set_quant_isa:
+//   QuantLinear, Quant4x8Linear, quant_matmul, quant_dequant_rows, quant_isa, quant_isas, set_quant_isa:
 //       quantized GGUF weights read in place (quant_ops.cpp)
 // Tensors are bfloat16 or float32 and contiguous in their last dim (checked in Python).
 // Built with -fopenmp: at::parallel_for then runs on torch's own OpenMP threads (the
@@ -175,6 +175,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("__call__", &strata::QuantLinear::forward)
       .def_property_readonly("in_features", &strata::QuantLinear::in_features)
       .def_property_readonly("out_features", &strata::QuantLinear::out_features);
+  pybind11::class_<strata::Quant4x8Linear>(m, "Quant4x8Linear")
+      .def(pybind11::init<torch::Tensor, int64_t, int64_t>())
+      .def("__call__", &strata::Quant4x8Linear::forward)
+      .def_property_readonly("in_features", &strata::Quant4x8Linear::in_features)
+      .def_property_readonly("out_features", &strata::Quant4x8Linear::out_features);
   m.def("quant_matmul", &strata::quant_matmul);
   m.def("quant_dequant_rows", &strata::quant_dequant_rows);
   m.def("quant_isa", &strata::quant_isa);

@@ -65,12 +65,20 @@ using FloatDot = void (*)(int type, const uint8_t* w, int64_t k, const float* x,
 // Row j of x (float32, or bfloat16 when bf16) into an Act's q/d32/s32 (and/or q256/d256/bsums).
 using Quantize = void (*)(const void* x, bool bf16, int64_t j, Act& a, bool want32, bool want256);
 
+// Bytes per 32-value block of a group of 8 interleaved 4-bit columns (quant_x8.inc).
+constexpr int X8_RECORD_BYTES = 160;
+
+// One group of 8 interleaved 4-bit columns (the x8 layout, quant_x8.inc) times `rows`
+// activation rows quantized for the 32-value types: out [rows, 8].
+using Int8X8 = void (*)(const uint8_t* w, const Act& a, int64_t rows, float* out);
+
 struct Kernels {
   const char* name;
   Int8Dot int8_dot;
   FloatDot float_dot;
   void (*dequant_row)(int type, const uint8_t* w, int64_t k, float* out);
   Quantize quantize;
+  Int8X8 int8_x8;
 };
 
 const Kernels& avx2_kernels();

@@ -12,6 +12,7 @@ namespace avx2 {
 #define QK_VNNI 0
 #define QK_NAME "avx2"
 #include "quant_blocks.inc"
+#include "quant_x8.inc"
 #include "quant_dots.inc"
 #undef QK_NAME
 #undef QK_VNNI

@@ -6,6 +6,10 @@
 //       else float32 activations and dequantised weights. Threads split the output rows
 //       (at::parallel_for on torch's threads); each weight row is read once for all rows.
 //   quant_matmul(x, weights, types, int8): the same through a temporary QuantLinear
+//   Quant4x8Linear(packed, out, in): 4-bit weights in the x8 layout (quant_x8.inc, packed by
+//       strata/models/q4x8.py), uint8 [ceil(out / 8), in / 32 * 160].
+//     (x) -> y: x [rows, in] float32 or bfloat16, y [rows, out] in x's dtype; activations
+//       always 8 bits per block. Threads split the groups of 8 columns.
 //   quant_dequant_rows(w, type, ids, dtype) -> [n, k]: rows ids of w dequantised (embedding lookups)
 //   quant_isa() / quant_isas() / set_quant_isa(name): the instruction set the kernels run
 //       ("avx2", "avx512_vnni"), the ones this CPU has, and a choice among them ("auto": the best).
@@ -60,6 +64,32 @@ unsigned char* scratch(size_t bytes) {
 
 inline size_t round64(size_t n) { return (n + 63) & ~size_t{63}; }
 
+// x [rows, k] (float32 or bfloat16, contiguous) quantized to 8 bits in the calling thread's
+// scratch memory (valid until its next call): for the 32-value types and/or the K-quants.
+quant::Act quantize_rows(const torch::Tensor& x, const quant::Kernels& kern, bool need32, bool need256) {
+  const int64_t rows = x.size(0), k = x.size(1);
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  quant::Act act;
+  act.k = k;
+  act.pitch = (rows + 7) / 8 * 8;
+  const size_t nb = need32 ? k / 32 : 0, nsb = need256 ? k / 256 : 0, nq = need32 + need256;
+  const size_t qbytes = round64(rows * k), scales = round64(sizeof(float) * act.pitch * (2 * nb + nsb));
+  unsigned char* buf = scratch(nq * qbytes + scales + round64(sizeof(int16_t) * rows * (k / 16)));
+  float* f = reinterpret_cast<float*>(buf + nq * qbytes);
+  std::memset(f, 0, scales);  // the padding rows' scales are 0
+  if (need32) act.q = reinterpret_cast<int8_t*>(buf), act.d32 = f, act.s32 = f + act.pitch * nb;
+  if (need256) {
+    act.q256 = reinterpret_cast<int8_t*>(buf + need32 * qbytes), act.d256 = f + 2 * act.pitch * nb;
+    act.bsums = reinterpret_cast<int16_t*>(buf + nq * qbytes + scales);
+  }
+  const void* xp = x.data_ptr();
+  at::parallel_for(0, rows, 4, [&](int64_t begin, int64_t end) {
+    quant::Act mine = act;  // each thread writes only its own rows
+    for (int64_t j = begin; j < end; ++j) kern.quantize(xp, bf16, j, mine, need32, need256);
+  });
+  return act;
+}
+
 }  // namespace
 
 QuantLinear::QuantLinear(std::vector<torch::Tensor> weights, std::vector<int64_t> types) : weights_(std::move(weights)) {
@@ -84,25 +114,9 @@ torch::Tensor QuantLinear::forward(const torch::Tensor& x, bool int8) const {
   const quant::Kernels& kern = *chosen().load();
 
   quant::Act act;
-  act.k = k;
-  act.pitch = (rows + 7) / 8 * 8;
   const float* xf = nullptr;  // float32 activations (the float path)
   if (int8) {
-    const size_t nb = need32_ ? k / 32 : 0, nsb = need256_ ? k / 256 : 0, nq = need32_ + need256_;
-    const size_t qbytes = round64(rows * k), scales = round64(sizeof(float) * act.pitch * (2 * nb + nsb));
-    unsigned char* buf = scratch(nq * qbytes + scales + round64(sizeof(int16_t) * rows * (k / 16)));
-    float* f = reinterpret_cast<float*>(buf + nq * qbytes);
-    std::memset(f, 0, scales);  // the padding rows' scales are 0
-    if (need32_) act.q = reinterpret_cast<int8_t*>(buf), act.d32 = f, act.s32 = f + act.pitch * nb;
-    if (need256_) {
-      act.q256 = reinterpret_cast<int8_t*>(buf + need32_ * qbytes), act.d256 = f + 2 * act.pitch * nb;
-      act.bsums = reinterpret_cast<int16_t*>(buf + nq * qbytes + scales);
-    }
-    const void* xp = x.data_ptr();
-    at::parallel_for(0, rows, 4, [&](int64_t begin, int64_t end) {
-      quant::Act mine = act;  // each thread writes only its own rows
-      for (int64_t j = begin; j < end; ++j) kern.quantize(xp, bf16, j, mine, need32_, need256_);
-    });
+    act = quantize_rows(x, kern, need32_, need256_);
   } else if (bf16) {
     float* f = reinterpret_cast<float*>(scratch(sizeof(float) * rows * k));
     const c10::BFloat16* xb = x.data_ptr<c10::BFloat16>();
@@ -126,6 +140,43 @@ torch::Tensor QuantLinear::forward(const torch::Tensor& x, bool int8) const {
         if (bf16) store_column(column.data(), rows, y.data_ptr<c10::BFloat16>(), n, c);
         else store_column(column.data(), rows, y.data_ptr<float>(), n, c);
       }
+    }
+  });
+  return y;
+}
+
+Quant4x8Linear::Quant4x8Linear(torch::Tensor packed, int64_t out_features, int64_t in_features)
+    : packed_(std::move(packed)), n_(out_features), k_(in_features) {
+  TORCH_CHECK(packed_.scalar_type() == at::kByte && packed_.dim() == 2 && packed_.is_contiguous() &&
+                  packed_.device().is_cpu(), "Quant4x8Linear: uint8 [groups, bytes] contiguous on the CPU");
+  TORCH_CHECK(k_ > 0 && k_ % 32 == 0 && packed_.size(1) == k_ / 32 * quant::X8_RECORD_BYTES, "Quant4x8Linear: ",
+              k_, " inputs need groups of ", k_ / 32 * quant::X8_RECORD_BYTES, " bytes, got ", packed_.size(1));
+  TORCH_CHECK(n_ > 0 && packed_.size(0) == (n_ + 7) / 8, "Quant4x8Linear: ", n_, " outputs need ", (n_ + 7) / 8,
+              " groups of 8, got ", packed_.size(0));
+}
+
+torch::Tensor Quant4x8Linear::forward(const torch::Tensor& x) const {
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == k_ && x.is_contiguous() && x.device().is_cpu(),
+              "Quant4x8Linear: x [rows, ", k_, "] contiguous on the CPU");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
+              "Quant4x8Linear: float32 or bfloat16 x");
+  const int64_t rows = x.size(0), n = n_, groups = packed_.size(0), group_bytes = packed_.size(1);
+  auto y = torch::empty({rows, n}, x.options());
+  if (rows == 0) return y;
+  const quant::Kernels& kern = *chosen().load();
+  const quant::Act act = quantize_rows(x, kern, true, false);
+  const uint8_t* w = packed_.data_ptr<uint8_t>();
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  at::parallel_for(0, groups, 4, [&](int64_t begin, int64_t end) {
+    std::vector<float> tile(8 * rows);  // [rows, 8]: one group's columns
+    for (int64_t g = begin; g < end; ++g) {
+      kern.int8_x8(w + g * group_bytes, act, rows, tile.data());
+      const int64_t c0 = 8 * g, width = std::min<int64_t>(8, n - c0);  // the last group may be padding
+      for (int64_t j = 0; j < rows; ++j)
+        for (int64_t c = 0; c < width; ++c) {
+          if (bf16) y.data_ptr<c10::BFloat16>()[j * n + c0 + c] = static_cast<c10::BFloat16>(tile[8 * j + c]);
+          else y.data_ptr<float>()[j * n + c0 + c] = tile[8 * j + c];
+        }
     }
   });
   return y;

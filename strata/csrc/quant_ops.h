@@ -24,6 +24,19 @@ class QuantLinear {
   bool need32_ = false, need256_ = false;  // which activation quantizations the parts read
 };
 
+// 4-bit weights with 8 columns interleaved (the x8 layout, quant_x8.inc), 8-bit activations.
+class Quant4x8Linear {
+ public:
+  Quant4x8Linear(torch::Tensor packed, int64_t out_features, int64_t in_features);
+  torch::Tensor forward(const torch::Tensor& x) const;
+  int64_t in_features() const { return k_; }
+  int64_t out_features() const { return n_; }
+
+ private:
+  torch::Tensor packed_;  // uint8 [ceil(out / 8), in / 32 * X8_RECORD_BYTES], kept alive here
+  int64_t n_ = 0, k_ = 0;
+};
+
 torch::Tensor quant_matmul(torch::Tensor x, std::vector<torch::Tensor> weights, std::vector<int64_t> types, bool int8);
 torch::Tensor quant_dequant_rows(torch::Tensor w, int64_t type, torch::Tensor ids, at::ScalarType dtype);
 std::string quant_isa();

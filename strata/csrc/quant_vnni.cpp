@@ -19,6 +19,7 @@ namespace vnni {
 #define QK_VNNI 1
 #define QK_NAME "avx512_vnni"
 #include "quant_blocks.inc"
+#include "quant_x8.inc"
 #include "quant_dots.inc"
 #undef QK_NAME
 #undef QK_VNNI

@@ -8,7 +8,7 @@ written once with `torch.save`, and later starts map it back with `torch.load(mm
 no parse, no copy, the pages read from the page cache on first touch.
 
 An entry is keyed by the model file's identity (real path, size, mtime, inode), how it
-was built (dtype, --weights, devices) and the source of the classes it pickles, so an
+was built (dtype, --weights, devices, $STRATA_Q4_KERNEL) and the source of the classes it pickles, so an
 edited file, another build or another strata gives a new key, never a stale model.
 The rotary tables are rebuilt after loading (they depend on --max-context). Only CPU builds are
 cached. The directory is `$STRATA_CACHE_DIR`, else `$XDG_CACHE_HOME/strata`, else
@@ -31,7 +31,7 @@ import tokenizers
 import torch
 
 import strata.models
-from strata.config import CACHE_ENV, prepared_cache_dir
+from strata.config import CACHE_ENV, prepared_cache_dir, q4_kernel_from_env
 
 from strata.loader.tokenizer import Tokenizer
 from strata.models.config import ModelConfig
@@ -42,7 +42,7 @@ log = logging.getLogger("strata.loader")
 FORMAT = 2  # bump when what an entry holds changes shape
 MAX_ENTRIES = 4
 # The modules whose classes an entry pickles: their source is part of the key.
-_PICKLED_MODULES = ("head.py", "layers.py", "linear.py", "llama.py", "config.py", "quant.py", "q4.py",
+_PICKLED_MODULES = ("head.py", "layers.py", "linear.py", "llama.py", "config.py", "quant.py", "q4.py", "q4x8.py",
                     "gemma3.py", "moe_block.py", "moe_model.py", "../models/experts.py")
 
 
@@ -66,7 +66,7 @@ def cache_key(path: str, dtype: str, weights: str, devices: Sequence[str]) -> st
     st = os.stat(path)
     h = hashlib.sha256()
     h.update(repr((FORMAT, torch.__version__, os.path.realpath(path), st.st_size, st.st_mtime_ns, st.st_ino,
-                   dtype, weights, tuple(devices))).encode())
+                   dtype, weights, tuple(devices), q4_kernel_from_env())).encode())  # the Q4 form built
     models_dir = os.path.dirname(os.path.abspath(strata.models.__file__))
     for name in _PICKLED_MODULES:
         with open(os.path.join(models_dir, name), "rb") as f:

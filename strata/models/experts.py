@@ -15,6 +15,7 @@ import torch
 
 from strata.models.layers import silu_mul
 from strata.models.linear import Concat, Linear
+from strata.models.q4x8 import X8Matmul
 from strata.models.quant import QuantMatmul, QuantWeight
 
 
@@ -23,6 +24,8 @@ def _linear_tensors(lin: Linear | Concat) -> list[torch.Tensor]:
         return [t for run in lin.runs for t in _linear_tensors(run)] + ([lin.bias] if lin.bias is not None else [])
     out = [t for t in (lin.weight, lin.bias) if t is not None]
     out += list(lin.int4 or ())
+    if lin.x8 is not None:
+        out.append(lin.x8.packed)
     if lin.quant is not None:
         out += [p.raw for p in lin.quant.parts]
     return out
@@ -40,7 +43,10 @@ def _linear_like(lin: Linear | Concat, take) -> Linear | Concat:
     quant = None
     if lin.quant is not None:
         quant = QuantMatmul([QuantWeight(take(p.raw), p.qtype, p.in_features) for p in lin.quant.parts])
-    return Linear(weight, bias, quant, int4, lin.max_rows)
+    x8 = None
+    if lin.x8 is not None:
+        x8 = X8Matmul(take(lin.x8.packed), lin.x8.out_features, lin.x8.in_features)
+    return Linear(weight, bias, quant, int4, lin.max_rows, x8)
 
 
 @dataclass

@@ -1,12 +1,17 @@
-"""Projections: y = x W^T (+ b), W dense, the file's quantized blocks, or torch's int4 pack.
+"""Projections: y = x W^T (+ b), W dense, the file's quantized blocks, an x8 pack or torch's int4 pack.
 
 Which form a projection reads (`fused_linear`), as measured by benchmarks/quant_kernels.py
-(one decoder layer of the default model, 1 thread, a Sapphire Rapids guest with AMX):
+(one decoder layer of the default model, 1 thread, a Sapphire Rapids guest with AMX, and a
+2-core AMD EPYC with AVX-512 VNNI, no AMX):
 
 - `--weights native`: the file's blocks (models/quant.py) at every step, any dtype;
 - `--weights auto`, bfloat16: a step's decode rows, when it has at most `quant_max_rows()` of
   them, read Q4_0 and Q4_1 through torch's int4 kernel (q4.py; 1 row 0.29 ms against 0.40 ms
-  for strata's kernel) and every other type through strata's kernel (Q8_0 0.31 ms; on a
+  for strata's kernel on the AMX guest), or with $STRATA_Q4_KERNEL=x8 through strata's x8
+  kernel (q4x8.py: 8 columns interleaved; EPYC, VNNI: 1 row 0.10 ms, 4 rows 0.29, 8 rows 0.54
+  against torch's int4 kernel's 0.20, 0.35, 0.68; AVX2 variant 0.12, 0.35, 0.71; not the
+  default: its 8-bit activations miss tests/model/test_serving_accuracy.py's logit bound);
+  every other type through strata's kernel (Q8_0 0.31 ms; on a
   1024-wide layer Q4_K 0.61 ms against 0.79 ms for its int4 form); prompt rows (in any step:
   models/rows.py) and more decode rows read the dense copy, whose bfloat16 GEMM runs on AMX
   tiles and is flat in rows (0.7-0.8 ms: faster than any 4-bit path from about 6 rows on);
@@ -24,7 +29,9 @@ import torch
 import torch.nn.functional as F
 
 from strata.models.fused import load_quant_ops
+from strata.config import q4_kernel_from_env
 from strata.models.q4 import GROUP, Q4_TYPES, Q4Weight, pack_for_cpu, q4_from_blocks
+from strata.models.q4x8 import X8Matmul
 from strata.models.quant import QuantMatmul, QuantWeight
 from strata.models.rows import RowKinds, dense_rows
 
@@ -32,8 +39,8 @@ from strata.models.rows import RowKinds, dense_rows
 # with AMX, bfloat16 dense GEMMs win from fewer rows (see the module docstring).
 QUANT_MAX_ROWS = 8
 QUANT_MAX_ROWS_AMX_BF16 = 4
-# The types torch's int4 kernel reads faster than strata's own (bfloat16, decode rows); Q4_K
-# maps onto it too (q4.py) but strata's kernel measured faster.
+# The types read as a 4-bit pack (bfloat16, decode rows): strata's x8 form (q4x8.py), or torch's
+# int4 form (q4.py); Q4_K maps onto the int4 form too, but strata's kernel measured faster.
 INT4_FASTER = (Q4_TYPES[0], Q4_TYPES[1])
 
 
@@ -48,19 +55,22 @@ class Linear:
     """One projection (q|k|v or gate|up side by side).
 
     `weight`: dense [out, in] in the compute dtype, or None; `quant`: the file's blocks read in
-    place; `int4`: (packed codes, scales_and_zeros) for torch's int4 kernel. With a dense weight
+    place; `int4`: (packed codes, scales_and_zeros) for torch's int4 kernel; `x8`: Q4_0/Q4_1
+    blocks with 8 columns interleaved for strata's x8 kernel (at most one 4-bit form). With a dense weight
     beside a 4-bit form, a step's decode rows read the 4-bit form when it has at most
     `max_rows` of them; its prompt rows read the dense weight (`__call__`).
     """
 
     def __init__(self, weight: torch.Tensor | None, bias: torch.Tensor | None = None,
                  quant: QuantMatmul | None = None, int4: tuple[torch.Tensor, torch.Tensor] | None = None,
-                 max_rows: int | None = None):
-        assert weight is not None or quant is not None
+                 max_rows: int | None = None, x8: X8Matmul | None = None):
+        assert weight is not None or quant is not None or x8 is not None
+        assert (quant is not None) + (int4 is not None) + (x8 is not None) <= 1
         self.weight = weight
         self.bias = bias
         self.quant = quant
         self.int4 = int4
+        self.x8 = x8
         self.max_rows = max_rows if weight is not None else None
 
     def __call__(self, x: torch.Tensor, kinds: RowKinds | None = None) -> torch.Tensor:
@@ -80,7 +90,9 @@ class Linear:
         return torch.cat([self._four_bit(x[:d]), dense_rows(x, self.weight, self.bias, d, alone)])
 
     def _four_bit(self, x: torch.Tensor) -> torch.Tensor:
-        if self.int4 is not None:
+        if self.x8 is not None:
+            y = self.x8(x)
+        elif self.int4 is not None:
             y = torch._weight_int4pack_mm_for_cpu(x, self.int4[0], GROUP, self.int4[1])
         else:
             y = self.quant(x)
@@ -90,7 +102,8 @@ class Linear:
     def num_bytes(self) -> int:
         parts = [self.weight, self.bias, *(self.int4 or ())]
         return sum(t.numel() * t.element_size() for t in parts if t is not None) + (
-            self.quant.num_bytes if self.quant is not None else 0)
+            self.quant.num_bytes if self.quant is not None else 0) + (
+            self.x8.num_bytes if self.x8 is not None else 0)
 
 
 class Concat:
@@ -102,6 +115,7 @@ class Concat:
         self.bias = bias
         self.weight = None
         self.int4 = None
+        self.x8 = None
         self.max_rows = None  # native: every step reads the 4-bit runs
         self.quant = next((r.quant for r in runs if r.quant is not None), None)
 
@@ -146,6 +160,8 @@ def fused_linear(
             return Linear(all_dense(), bias)
         rows = quant_max_rows(dtype)
         if dtype == torch.bfloat16 and all(q.qtype in INT4_FASTER for q in quant):
+            if q4_kernel_from_env() == "x8" and quant[0].in_features % GROUP == 0:
+                return Linear(all_dense(), bias, max_rows=rows, x8=X8Matmul.from_parts(quant))
             q4 = Q4Weight.cat([q4_from_blocks(q.raw.numpy(), q.qtype, (q.out_features, q.in_features)) for q in quant])
             return Linear(all_dense(), bias, int4=pack_for_cpu(q4, dtype), max_rows=rows)
         return Linear(all_dense(), bias, QuantMatmul(quant), max_rows=rows)

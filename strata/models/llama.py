@@ -183,12 +183,14 @@ class LlamaModel:
 
     @property
     def weight_forms(self) -> dict[str, int]:
-        """How many projections read each form at decode rows: "int4" (torch's int4 kernel),
-        "quant" (strata's kernels, the file's blocks), "dense" (prompt rows always are)."""
+        """How many projections read each form at decode rows: "x8" (strata's x8 kernel, q4x8.py),
+        "int4" (torch's int4 kernel), "quant" (strata's kernels, the file's blocks), "dense"
+        (prompt rows always are)."""
         forms: dict[str, int] = {}
         for lin in self.projections():
             for run in getattr(lin, "runs", [lin]):
-                form = "int4" if run.int4 is not None else "quant" if run.quant is not None else "dense"
+                form = ("x8" if run.x8 is not None else "int4" if run.int4 is not None
+                        else "quant" if run.quant is not None else "dense")
                 forms[form] = forms.get(form, 0) + 1
         head = type(self.lm_head).__name__
         forms["head"] = {"Int8Head": "int8", "QuantHead": "quant"}.get(head, "dense")

@@ -1,0 +1,107 @@
+"""Q4_0 / Q4_1 blocks with eight output columns interleaved, for strata's x8 kernel.
+
+strata/csrc/quant_x8.inc multiplies 8-bit activation rows by 4-bit weights laid out so that
+one integer lane is one output column: a block's float work (int32 to float, the scales,
+the offset term) is shared by 8 columns, and no horizontal sums are needed. For a group of
+8 columns, each 32-value block b is one 160-byte record:
+
+    d[8] float16 | c[8] float16 | V_0 .. V_3 (32 bytes each)
+
+with w = d u + c for column j's codes u (Q4_1: c = m; Q4_0: c = -8 d, exact in float16: a
+power-of-two multiple), and bytes 4j .. 4j + 3 of V_i column j's qs[4i .. 4i + 3] (GGML's
+nibble order: low nibbles are values 4i .. 4i + 3, high ones 16 + 4i .. 16 + 4i + 3). Every
+byte is the file's own, moved: 20 bytes per column and block, Q4_1's size (Q4_0's 18 plus
+its c). A last group of fewer than 8 columns is padded with zero columns, never read out.
+Parts of one projection (q|k|v, gate|up) may mix Q4_0 and Q4_1: they pack into one form.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType as QT
+
+from strata.models.fused import load_quant_ops
+from strata.models.quant import QuantWeight
+
+X8_TYPES = (QT.Q4_0, QT.Q4_1)
+RECORD = 160  # bytes per block and group of 8 columns (quant.h: X8_RECORD_BYTES)
+
+
+def _fields(w: QuantWeight) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(d, c) float16 [out, blocks] and qs uint8 [out, blocks, 16] of a Q4_0 or Q4_1 weight."""
+    blocks = w.raw.numpy().reshape(w.out_features, w.in_features // 32, -1)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0]
+    if w.qtype == QT.Q4_1:
+        return d, blocks[..., 2:4].copy().view(np.float16)[..., 0], blocks[..., 4:20]
+    return d, d * np.float16(-8), blocks[..., 2:18]
+
+
+def pack_x8(parts: list[QuantWeight]) -> torch.Tensor:
+    """uint8 [ceil(out / 8), in / 32 * 160]: `parts` (Q4_0/Q4_1, same in) side by side, x8 form."""
+    if not parts or any(p.qtype not in X8_TYPES for p in parts) or parts[0].in_features % 32:
+        raise ValueError("pack_x8: Q4_0/Q4_1 parts with inputs a multiple of 32")
+    fields = [_fields(p) for p in parts]
+    d, c, qs = (np.concatenate([f[i] for f in fields]) for i in range(3))
+    out, nb = d.shape
+    pad = -out % 8
+    if pad:
+        d, c = (np.concatenate([a, np.zeros((pad, nb), np.float16)]) for a in (d, c))
+        qs = np.concatenate([qs, np.zeros((pad, nb, 16), np.uint8)])
+    groups = (out + pad) // 8
+    scales = [a.reshape(groups, 8, nb).transpose(0, 2, 1).copy().view(np.uint8) for a in (d, c)]  # [G, nb, 16]
+    # qs [G, 8 columns, nb, 4 words i, 4 bytes] -> [G, nb, i, column, byte]
+    codes = qs.reshape(groups, 8, nb, 4, 4).transpose(0, 2, 3, 1, 4).reshape(groups, nb, 128)
+    packed = np.concatenate([scales[0], scales[1], codes], axis=2).reshape(groups, nb * RECORD)
+    return torch.from_numpy(np.ascontiguousarray(packed))
+
+
+def unpack_x8(packed: torch.Tensor, out_features: int) -> torch.Tensor:
+    """[out, in] float32: the weights the x8 form holds (tests; gguf-py's values for its parts)."""
+    groups, width = packed.shape
+    nb = width // RECORD
+    rec = packed.numpy().reshape(groups, nb, RECORD)
+    d = rec[..., 0:16].copy().view(np.float16).astype(np.float32)  # [G, nb, 8]
+    c = rec[..., 16:32].copy().view(np.float16).astype(np.float32)
+    v = rec[..., 32:].reshape(groups, nb, 4, 8, 4)  # [G, nb, i, column, byte]
+    u = np.concatenate([v & 0x0F, v >> 4], axis=2).astype(np.float32)  # [G, nb, 8 words t, column, byte]
+    w = u * d[:, :, None, :, None] + c[:, :, None, :, None]
+    w = w.transpose(0, 3, 1, 2, 4).reshape(groups * 8, nb * 32)  # value 4t + byte of block b
+    return torch.from_numpy(np.ascontiguousarray(w[:out_features]))
+
+
+@dataclass
+class X8Matmul:
+    """x [rows, in] (float32 or bfloat16) -> [rows, out] in x's dtype through the x8 kernel
+    (8-bit activations per 32-value block, as QuantMatmul's bfloat16 path)."""
+
+    packed: torch.Tensor  # uint8 [ceil(out / 8), in / 32 * RECORD]
+    out_features: int
+    in_features: int
+
+    def __post_init__(self) -> None:
+        ops = load_quant_ops()
+        if ops is None:
+            raise RuntimeError("strata's quantized kernels are not built (strata/_decode_ops)")
+        self._kernel = ops.Quant4x8Linear(self.packed, self.out_features, self.in_features)
+
+    @staticmethod
+    def from_parts(parts: list[QuantWeight]) -> X8Matmul:
+        return X8Matmul(pack_x8(parts), sum(p.out_features for p in parts), parts[0].in_features)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self._kernel(x.contiguous())
+
+    @property
+    def num_bytes(self) -> int:
+        return self.packed.numel()
+
+    def __getstate__(self) -> dict:
+        """Pickled as its packed bytes (the prepared-model cache); the kernel is rebound on load."""
+        return {"packed": self.packed, "out_features": self.out_features, "in_features": self.in_features}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.__post_init__()
