@@ -26,8 +26,9 @@ from strata.config import EngineConfig
 from strata.engine.engine import Engine
 from strata.kv.ring_rule import window_ring_cells
 from strata.sampling import SamplingParams
-from tests.conftest import make_tiny_model, require
+from tests.conftest import require
 from tests.model.engine_runs import move_or_park, run_requests
+from tests.model.test_window_group_layouts import model_dirs  # noqa: F401 (a fixture: tiny Gemma 3 / Mistral dirs)
 
 require("transformers")
 
@@ -39,24 +40,9 @@ GREEDY = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True)
 WINDOWS = (8, 20, 64)
 CHUNKS = (16, 64)
 ARCHS = ("gemma3_text", "mistral")
-GEMMA3_LAYERS = ["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"]
 DEVICE = os.environ.get("STRATA_TEST_DEVICES", "cpu")
 
 tokens_st = st.lists(st.integers(3, 40000), min_size=1, max_size=110)
-
-
-@pytest.fixture(scope="module")
-def model_dirs(tmp_path_factory, smol_tokenizer):
-    @functools.cache
-    def get(arch: str, window: int) -> str:
-        out = str(tmp_path_factory.mktemp(f"{arch}-w{window}"))
-        if arch == "gemma3_text":
-            return make_tiny_model(arch, out, smol_tokenizer, sliding_window=window, head_dim=16,
-                                   query_pre_attn_scalar=24, num_hidden_layers=4, layer_types=GEMMA3_LAYERS,
-                                   tie_word_embeddings=True, rope_local_base_freq=500.0)
-        return make_tiny_model(arch, out, smol_tokenizer, sliding_window=window, num_hidden_layers=2)
-
-    return get
 
 
 def window_ring(window: int) -> int:

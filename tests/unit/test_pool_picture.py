@@ -6,6 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_scheduler import Driver, pooled
+from tests.unit.test_window_groups import apply_op
 
 from strata.engine.scheduler import Scheduler
 from strata.kv.reserve import ReservedLayout
@@ -168,21 +169,7 @@ def test_any_traffic_draws_each_group_as_its_pool_holds_it(window, chunk, ops):
     s = Scheduler(layout, num_lanes=lanes, max_context=max_context, prefill_chunk=piece)
     d, rid, seen = Driver(s), 0, (0, 0)
     for op, a, n in ops:
-        held = list(s.cache)
-        if op in ("follow", "branch") and held:
-            conv = held[a % len(held)]
-            cut = conv.num_cells if op == "follow" else max(1, conv.num_cells * a // 10)
-            prompt = conv.token_ids[:cut] + list(range(5000 + rid, 5000 + rid + n))
-        else:
-            prompt = list(range(100 * a, 100 * a + n))
-        if op in ("new", "follow", "branch") and len(prompt) + 4 < max_context:
-            rid += 1
-            s.add(f"r{rid}", prompt)
-        elif op == "finish" and s.seqs:
-            s.finish(sorted(s.seqs)[a % len(s.seqs)])
-        for seq in list(s.seqs.values()):
-            if seq.conv.num_cells + 2 >= max_context:
-                s.finish(seq.request_id)
+        rid = apply_op(s, op, a, n, rid, max_context)
         d.step()
         (g,) = take_picture(s, s.max_context, 1, GROUPS).groups
         pool = layout.window_pools[0]

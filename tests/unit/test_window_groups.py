@@ -159,6 +159,33 @@ def test_pool_stats_count_each_windowed_group():
 TRAFFIC: list[tuple[int, int, int]] = []  # per example: chunks passed, evictions, cached tokens
 
 
+def apply_op(s: Scheduler, op: str, a: int, n: int, rid: int, max_context: int) -> int:
+    """One drawn traffic op on `s` (new, follow, branch, finish, abort, park; step: nothing
+    here), then every sequence about to pass the context finished; returns the last request id."""
+    held = list(s.cache)
+    if op in ("follow", "branch") and held:
+        conv = held[a % len(held)]
+        cut = conv.num_cells if op == "follow" else max(1, conv.num_cells * a // 10)
+        prompt = conv.token_ids[:cut] + list(range(5000 + rid, 5000 + rid + n))
+    else:
+        prompt = list(range(100 * a, 100 * a + n))
+    if op in ("new", "follow", "branch") and len(prompt) + 4 < max_context:
+        rid += 1
+        s.add(f"r{rid}", prompt)
+    elif op == "finish" and s.seqs:
+        s.finish(sorted(s.seqs)[a % len(s.seqs)])
+    elif op == "abort" and s.seqs:
+        s.abort(sorted(s.seqs)[a % len(s.seqs)])
+    elif op == "park":
+        idle = [ln.index for ln in s.lanes if ln.is_idle]
+        if idle:
+            s.park(idle[a % len(idle)])
+    for seq in list(s.seqs.values()):  # nothing runs past the context
+        if seq.conv.num_cells + 2 >= max_context:
+            s.finish(seq.request_id)
+    return rid
+
+
 @settings(max_examples=40, deadline=None)
 @given(window=st.sampled_from([3, 8, 13]), chunk=st.sampled_from([2, 4, 8]), keep=st.integers(0, 2),
        ops=st.lists(st.tuples(st.sampled_from(["new", "follow", "branch", "step", "finish", "abort", "park"]),
@@ -176,27 +203,7 @@ def test_any_traffic_keeps_every_groups_invariants(window, chunk, keep, ops):
     d = Driver(s)
     rid = passed = 0
     for op, a, n in ops:
-        held = [c for c in s.cache]
-        if op in ("follow", "branch") and held:
-            conv = held[a % len(held)]
-            cut = conv.num_cells if op == "follow" else max(1, conv.num_cells * a // 10)
-            prompt = conv.token_ids[:cut] + list(range(5000 + rid, 5000 + rid + n))
-        else:
-            prompt = list(range(100 * a, 100 * a + n))
-        if op in ("new", "follow", "branch") and len(prompt) + 4 < max_context:
-            rid += 1
-            s.add(f"r{rid}", prompt)
-        elif op == "finish" and s.seqs:
-            s.finish(sorted(s.seqs)[a % len(s.seqs)])
-        elif op == "abort" and s.seqs:
-            s.abort(sorted(s.seqs)[a % len(s.seqs)])
-        elif op == "park":
-            idle = [ln.index for ln in s.lanes if ln.is_idle]
-            if idle:
-                s.park(idle[a % len(idle)])
-        for seq in list(s.seqs.values()):  # nothing runs past the context
-            if seq.conv.num_cells + 2 >= max_context:
-                s.finish(seq.request_id)
+        rid = apply_op(s, op, a, n, rid, max_context)
         d.step()
         passed += sum(1 for c in s.cache for i in c.table.windows[0].chunk_ids if i is None)
     for request_id in list(s.seqs):
