@@ -2,11 +2,12 @@
 
 For one decoder layer of the default model (q|k|v 960 x 576, o 576 x 576, gate|up 3072 x
 576, down 576 x 1536; `--layer` for others: the K-quants need rows of multiples of 256) and
-its LM head (49152 x 576), at 1, 4 and 8 rows (and 16, 64 for where a prompt piece starts to
+its LM head (49152 x 576), at 1, 2, 4 and 8 rows (and 16, 64 for where a prompt piece starts to
 prefer dense weights), this times:
 
 - strata int8: `quant_matmul` with 8-bit activations (what bfloat16 compute runs), per type;
-- strata x8: Q4_0/Q4_1 blocks with 8 columns interleaved (models/q4x8.py), 8-bit activations;
+- strata x8: Q4_0/Q4_1 blocks with 8 columns interleaved (models/q4x8.py), 15-bit activations
+  (the default) or 8-bit ones (STRATA_Q4_KERNEL=x8-int8);
 - strata float: `quant_matmul` with float32 activations (what float32 compute runs);
 - torch int4: `torch._weight_int4pack_mm_for_cpu`, the kernel Q4_0/Q4_1 used before
   (group 32, w = (q - 8) * scale + zero: Q4_0, Q4_1 and Q4_K's per-32 scale/min fit it);
@@ -50,7 +51,7 @@ def layer_shapes(hidden: int, kv: int, ffn: int) -> dict[str, tuple[int, int]]:
 
 
 LAYER = layer_shapes(576, 192, 1536)  # the default model
-ROWS = (1, 4, 8, 16, 64)
+ROWS = (1, 2, 4, 8, 16, 64)
 TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
 BLOCK = {2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34), 12: (256, 144), 13: (256, 176),
          14: (256, 210)}
@@ -105,9 +106,11 @@ def arms_for(shapes: dict, ops, rng) -> dict[str, list]:
     from strata.models.quant import QuantWeight
 
     for name, qtype in (("Q4_0", 2), ("Q4_1", 3)):  # the x8 form of the same blocks (models/q4x8.py)
-        arms[f"strata x8 {name}"] = [
-            (k, lambda xb, xf, m=X8Matmul.from_parts([QuantWeight(random_blocks(qtype, out, k, rng), qtype, k)]): m(xb))
-            for out, k in shapes.values()]
+        for bits in (15, 8):  # activation bits: 15 the default, 8 STRATA_Q4_KERNEL=x8-int8
+            arms[f"strata x8 {name} {bits}-bit act"] = [
+                (k, lambda xb, xf, m=X8Matmul.from_parts([QuantWeight(random_blocks(qtype, out, k, rng), qtype, k)],
+                                                         bits): m(xb))
+                for out, k in shapes.values()]
     for name, qtype in TYPES.items():
         if any(k % BLOCK[qtype][0] for _, k in shapes.values()):
             continue

@@ -27,7 +27,7 @@ SPEC_MODES = ("ngram", "draft", "off")
 QUANT_ISA_ENV = "STRATA_QUANT_ISA"
 QUANT_ISAS = ("auto", "avx2", "avx512_vnni")  # the quantized kernels' variants (strata/csrc/quant_*.cpp)
 Q4_KERNEL_ENV = "STRATA_Q4_KERNEL"
-Q4_KERNELS = ("auto", "x8", "int4")  # how --weights auto reads Q4_0/Q4_1 at bfloat16 decode rows (models/linear.py)
+Q4_KERNELS = ("auto", "x8", "x8-int8", "int4")  # how --weights auto reads Q4_0/Q4_1 at bfloat16 decode rows (models/linear.py)
 ATTENTION_ISA_ENV = "STRATA_ATTENTION_ISA"
 ATTENTION_ISAS = ("auto", "avx2", "avx512")  # the fused decode attention's variants (strata/csrc/attention_*.cpp)
 DEFAULT_SPEC_K = 3  # 4 rows a verify step: the int8 LM head's path (models/head.py); measured in benchmarks/spec.py
@@ -172,10 +172,11 @@ def quant_isa_from_env(environ: Mapping[str, str] | None = None) -> str:
 
 def q4_kernel_from_env(environ: Mapping[str, str] | None = None) -> str:
     """`$STRATA_Q4_KERNEL`: which kernel `--weights auto` reads Q4_0/Q4_1 projections with at
-    bfloat16 decode rows. Unset, empty, `auto` or `int4`: torch's int4 kernel (bfloat16
-    activations); `x8`: strata's x8 kernel (models/q4x8.py: faster, but its 8-bit activations
-    put the default model outside tests/model/test_serving_accuracy.py's bound on the mean
-    logit difference, so it is not the default); anything else is an error."""
+    bfloat16 decode rows. Unset, empty, `auto` or `x8`: strata's x8 kernel with 15-bit
+    activations (models/q4x8.py); `x8-int8`: the same with 8-bit activations (faster at 4 and
+    more rows, but outside tests/model/test_serving_accuracy.py's bound on the mean logit
+    difference on the default model); `int4`: torch's int4 kernel (bfloat16 activations);
+    anything else is an error."""
     environ = os.environ if environ is None else environ
     value = environ.get(Q4_KERNEL_ENV, "").strip().lower() or "auto"
     if value not in Q4_KERNELS:

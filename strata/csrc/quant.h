@@ -46,10 +46,12 @@ inline int block_bytes(int type) {
 // of 8 rows reads its 8 scales at once). For the 32-value types: q [rows, k] int8, and per
 // block b of row j d32[b * pitch + j] (value = d32 * q) and s32[b * pitch + j] = d32 * sum(q
 // of the block). For the K-quants: q256 [rows, k], d256[b * pitch + j] per 256 values,
-// bsums [rows, k / 16] (sums of q per 16).
+// bsums [rows, k / 16] (sums of q per 16). The x8 kernel's 15-bit activations (quant_x8.inc)
+// add ql [rows, k] int8: value = d32 * (128 q + ql), s32 = d32 * sum(128 q + ql).
 struct Act {
   int64_t k = 0, pitch = 0;
   int8_t* q = nullptr;
+  int8_t* ql = nullptr;
   float* d32 = nullptr;
   float* s32 = nullptr;
   int8_t* q256 = nullptr;
@@ -71,6 +73,8 @@ constexpr int X8_RECORD_BYTES = 160;
 // One group of 8 interleaved 4-bit columns (the x8 layout, quant_x8.inc) times `rows`
 // activation rows quantized for the 32-value types: out [rows, 8].
 using Int8X8 = void (*)(const uint8_t* w, const Act& a, int64_t rows, float* out);
+// Row j of x (float32, or bfloat16 when bf16) into an Act's q/ql/d32/s32 at 15 bits per value.
+using Quantize15 = void (*)(const void* x, bool bf16, int64_t j, Act& a);
 
 struct Kernels {
   const char* name;
@@ -78,7 +82,9 @@ struct Kernels {
   FloatDot float_dot;
   void (*dequant_row)(int type, const uint8_t* w, int64_t k, float* out);
   Quantize quantize;
-  Int8X8 int8_x8;
+  Int8X8 int8_x8;     // 8-bit activations (q, d32, s32)
+  Int8X8 int15_x8;    // 15-bit activations (q, ql, d32, s32: quantize15's)
+  Quantize15 quantize15;
 };
 
 const Kernels& avx2_kernels();

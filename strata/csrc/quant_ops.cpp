@@ -6,10 +6,11 @@
 //       else float32 activations and dequantised weights. Threads split the output rows
 //       (at::parallel_for on torch's threads); each weight row is read once for all rows.
 //   quant_matmul(x, weights, types, int8): the same through a temporary QuantLinear
-//   Quant4x8Linear(packed, out, in): 4-bit weights in the x8 layout (quant_x8.inc, packed by
-//       strata/models/q4x8.py), uint8 [ceil(out / 8), in / 32 * 160].
+//   Quant4x8Linear(packed, out, in, act_bits): 4-bit weights in the x8 layout (quant_x8.inc,
+//       packed by strata/models/q4x8.py), uint8 [ceil(out / 8), in / 32 * 160].
 //     (x) -> y: x [rows, in] float32 or bfloat16, y [rows, out] in x's dtype; activations
-//       always 8 bits per block. Threads split the groups of 8 columns.
+//       act_bits (8 or 15) per value, one scale per 32-value block. Threads split the groups
+//       of 8 columns.
 //   quant_dequant_rows(w, type, ids, dtype) -> [n, k]: rows ids of w dequantised (embedding lookups)
 //   quant_isa() / quant_isas() / set_quant_isa(name): the instruction set the kernels run
 //       ("avx2", "avx512_vnni"), the ones this CPU has, and a choice among them ("auto": the best).
@@ -90,6 +91,28 @@ quant::Act quantize_rows(const torch::Tensor& x, const quant::Kernels& kern, boo
   return act;
 }
 
+// x [rows, k] at 15 bits per value for the x8 kernel (quant_x8.inc's quantize15), in the
+// calling thread's scratch memory (valid until its next call).
+quant::Act quantize15_rows(const torch::Tensor& x, const quant::Kernels& kern) {
+  const int64_t rows = x.size(0), k = x.size(1);
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  quant::Act act;
+  act.k = k;
+  act.pitch = (rows + 7) / 8 * 8;
+  const size_t qbytes = round64(rows * k), scales = round64(sizeof(float) * act.pitch * 2 * (k / 32));
+  unsigned char* buf = scratch(2 * qbytes + scales);
+  float* f = reinterpret_cast<float*>(buf + 2 * qbytes);
+  std::memset(f, 0, scales);  // the padding rows' scales are 0
+  act.q = reinterpret_cast<int8_t*>(buf), act.ql = reinterpret_cast<int8_t*>(buf + qbytes);
+  act.d32 = f, act.s32 = f + act.pitch * (k / 32);
+  const void* xp = x.data_ptr();
+  at::parallel_for(0, rows, 4, [&](int64_t begin, int64_t end) {
+    quant::Act mine = act;  // each thread writes only its own rows
+    for (int64_t j = begin; j < end; ++j) kern.quantize15(xp, bf16, j, mine);
+  });
+  return act;
+}
+
 }  // namespace
 
 QuantLinear::QuantLinear(std::vector<torch::Tensor> weights, std::vector<int64_t> types) : weights_(std::move(weights)) {
@@ -145,8 +168,9 @@ torch::Tensor QuantLinear::forward(const torch::Tensor& x, bool int8) const {
   return y;
 }
 
-Quant4x8Linear::Quant4x8Linear(torch::Tensor packed, int64_t out_features, int64_t in_features)
-    : packed_(std::move(packed)), n_(out_features), k_(in_features) {
+Quant4x8Linear::Quant4x8Linear(torch::Tensor packed, int64_t out_features, int64_t in_features, int64_t act_bits)
+    : packed_(std::move(packed)), n_(out_features), k_(in_features), act_bits_(act_bits) {
+  TORCH_CHECK(act_bits_ == 8 || act_bits_ == 15, "Quant4x8Linear: act_bits 8 or 15, got ", act_bits_);
   TORCH_CHECK(packed_.scalar_type() == at::kByte && packed_.dim() == 2 && packed_.is_contiguous() &&
                   packed_.device().is_cpu(), "Quant4x8Linear: uint8 [groups, bytes] contiguous on the CPU");
   TORCH_CHECK(k_ > 0 && k_ % 32 == 0 && packed_.size(1) == k_ / 32 * quant::X8_RECORD_BYTES, "Quant4x8Linear: ",
@@ -164,19 +188,22 @@ torch::Tensor Quant4x8Linear::forward(const torch::Tensor& x) const {
   auto y = torch::empty({rows, n}, x.options());
   if (rows == 0) return y;
   const quant::Kernels& kern = *chosen().load();
-  const quant::Act act = quantize_rows(x, kern, true, false);
+  const quant::Act act = act_bits_ == 15 ? quantize15_rows(x, kern) : quantize_rows(x, kern, true, false);
+  const quant::Int8X8 dot = act_bits_ == 15 ? kern.int15_x8 : kern.int8_x8;
   const uint8_t* w = packed_.data_ptr<uint8_t>();
-  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  // the output's pointer taken once: data_ptr<T>() checks the dtype on every call
+  c10::BFloat16* yb = x.scalar_type() == at::kBFloat16 ? y.data_ptr<c10::BFloat16>() : nullptr;
+  float* yf = yb ? nullptr : y.data_ptr<float>();
   at::parallel_for(0, groups, 4, [&](int64_t begin, int64_t end) {
     std::vector<float> tile(8 * rows);  // [rows, 8]: one group's columns
     for (int64_t g = begin; g < end; ++g) {
-      kern.int8_x8(w + g * group_bytes, act, rows, tile.data());
+      dot(w + g * group_bytes, act, rows, tile.data());
       const int64_t c0 = 8 * g, width = std::min<int64_t>(8, n - c0);  // the last group may be padding
-      for (int64_t j = 0; j < rows; ++j)
-        for (int64_t c = 0; c < width; ++c) {
-          if (bf16) y.data_ptr<c10::BFloat16>()[j * n + c0 + c] = static_cast<c10::BFloat16>(tile[8 * j + c]);
-          else y.data_ptr<float>()[j * n + c0 + c] = tile[8 * j + c];
-        }
+      for (int64_t j = 0; j < rows; ++j) {
+        const float* t = tile.data() + 8 * j;
+        if (yb) for (int64_t c = 0; c < width; ++c) yb[j * n + c0 + c] = static_cast<c10::BFloat16>(t[c]);
+        else std::memcpy(yf + j * n + c0, t, sizeof(float) * width);
+      }
     }
   });
   return y;

@@ -160,8 +160,10 @@ def fused_linear(
             return Linear(all_dense(), bias)
         rows = quant_max_rows(dtype)
         if dtype == torch.bfloat16 and all(q.qtype in INT4_FASTER for q in quant):
-            if q4_kernel_from_env() == "x8" and quant[0].in_features % GROUP == 0:
-                return Linear(all_dense(), bias, max_rows=rows, x8=X8Matmul.from_parts(quant))
+            kernel = q4_kernel_from_env()
+            if kernel != "int4" and quant[0].in_features % GROUP == 0:
+                x8 = X8Matmul.from_parts(quant, act_bits=8 if kernel == "x8-int8" else 15)
+                return Linear(all_dense(), bias, max_rows=rows, x8=x8)
             q4 = Q4Weight.cat([q4_from_blocks(q.raw.numpy(), q.qtype, (q.out_features, q.in_features)) for q in quant])
             return Linear(all_dense(), bias, int4=pack_for_cpu(q4, dtype), max_rows=rows)
         return Linear(all_dense(), bias, QuantMatmul(quant), max_rows=rows)

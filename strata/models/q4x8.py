@@ -1,6 +1,7 @@
 """Q4_0 / Q4_1 blocks with eight output columns interleaved, for strata's x8 kernel.
 
-strata/csrc/quant_x8.inc multiplies 8-bit activation rows by 4-bit weights laid out so that
+strata/csrc/quant_x8.inc multiplies quantized activation rows (15 or 8 bits per value, one
+scale per 32) by 4-bit weights laid out so that
 one integer lane is one output column: a block's float work (int32 to float, the scales,
 the offset term) is shared by 8 columns, and no horizontal sums are needed. For a group of
 8 columns, each 32-value block b is one 160-byte record:
@@ -72,24 +73,33 @@ def unpack_x8(packed: torch.Tensor, out_features: int) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(w[:out_features]))
 
 
+ACT_BITS = (8, 15)  # the kernel's activation codes per value, one scale per 32-value block
+
+
 @dataclass
 class X8Matmul:
-    """x [rows, in] (float32 or bfloat16) -> [rows, out] in x's dtype through the x8 kernel
-    (8-bit activations per 32-value block, as QuantMatmul's bfloat16 path)."""
+    """x [rows, in] (float32 or bfloat16) -> [rows, out] in x's dtype through the x8 kernel.
+
+    `act_bits` 15: activations as 15-bit codes per 32-value block (two bytes, 128 q + ql: two
+    byte dot products each); 8: 8-bit codes (QuantMatmul's bfloat16 path: one byte dot product,
+    coarser). The integer sums are exact either way."""
 
     packed: torch.Tensor  # uint8 [ceil(out / 8), in / 32 * RECORD]
     out_features: int
     in_features: int
+    act_bits: int = 15
 
     def __post_init__(self) -> None:
+        if self.act_bits not in ACT_BITS:
+            raise ValueError(f"X8Matmul: act_bits one of {ACT_BITS}, got {self.act_bits}")
         ops = load_quant_ops()
         if ops is None:
             raise RuntimeError("strata's quantized kernels are not built (strata/_decode_ops)")
-        self._kernel = ops.Quant4x8Linear(self.packed, self.out_features, self.in_features)
+        self._kernel = ops.Quant4x8Linear(self.packed, self.out_features, self.in_features, self.act_bits)
 
     @staticmethod
-    def from_parts(parts: list[QuantWeight]) -> X8Matmul:
-        return X8Matmul(pack_x8(parts), sum(p.out_features for p in parts), parts[0].in_features)
+    def from_parts(parts: list[QuantWeight], act_bits: int = 15) -> X8Matmul:
+        return X8Matmul(pack_x8(parts), sum(p.out_features for p in parts), parts[0].in_features, act_bits)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self._kernel(x.contiguous())
@@ -100,7 +110,8 @@ class X8Matmul:
 
     def __getstate__(self) -> dict:
         """Pickled as its packed bytes (the prepared-model cache); the kernel is rebound on load."""
-        return {"packed": self.packed, "out_features": self.out_features, "in_features": self.in_features}
+        return {"packed": self.packed, "out_features": self.out_features, "in_features": self.in_features,
+                "act_bits": self.act_bits}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)

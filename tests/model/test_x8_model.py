@@ -1,7 +1,8 @@
 """`--weights auto` on tiny Q4_0 and Q4_1 files: which projections read the x8 kernel, and what it changes.
 
-With $STRATA_Q4_KERNEL=x8, bfloat16 decode rows read every projection's x8 form
-(models/q4x8.py) beside the dense copy (by default: torch's int4 form); float32 never reads it, so float32
+By default bfloat16 decode rows read every projection's x8 form (models/q4x8.py, 15-bit
+activations; $STRATA_Q4_KERNEL=x8-int8: 8-bit, =int4: torch's int4 form instead) beside the
+dense copy; float32 never reads it, so float32
 greedy tokens stay the dense model's. bfloat16 paths are compared with each other and with
 dense float32 (within tolerance), never with fixed text.
 """
@@ -31,27 +32,32 @@ def x8_file(request, tmp_path_factory, fields) -> str:  # noqa: F811 (the import
 
 def test_bfloat16_decode_rows_read_the_x8_form_and_stay_close(x8_file, quant_ops, monkeypatch):
     dense = engine(x8_file, "dense")
-    old = engine(x8_file, "auto", "bfloat16")  # the default: torch's int4 form
-    assert all(p.int4 is not None and p.x8 is None for p in projections(old))
-    monkeypatch.setenv(Q4_KERNEL_ENV, "x8")
-    auto = engine(x8_file, "auto", "bfloat16")
-    assert all(p.x8 is not None and p.int4 is None and p.weight is not None for p in projections(auto))
+    auto = engine(x8_file, "auto", "bfloat16")  # the default: the x8 form, 15-bit activations
+    assert all(p.x8 is not None and p.x8.act_bits == 15 and p.int4 is None and p.weight is not None
+               for p in projections(auto))
     assert auto._model.weight_forms["x8"] == 8
+    monkeypatch.setenv(Q4_KERNEL_ENV, "int4")
+    old = engine(x8_file, "auto", "bfloat16")  # the opt-out: torch's int4 form
+    assert all(p.int4 is not None and p.x8 is None for p in projections(old))
+    monkeypatch.setenv(Q4_KERNEL_ENV, "x8-int8")
+    coarse = engine(x8_file, "auto", "bfloat16")
+    assert all(p.x8 is not None and p.x8.act_bits == 8 for p in projections(coarse))
     ids = dense.tokenizer.encode(PROMPT)
     expected = prompt_logits(dense, ids, as_decode=True)
     scale = expected.abs().max().item()
     got = prompt_logits(auto, ids, as_decode=True)
     before = prompt_logits(old, ids, as_decode=True)
-    assert (got - expected).abs().max().item() <= 0.05 * scale  # 8-bit activations, bf16 elsewhere
-    assert (got - before).abs().max().item() <= 0.05 * scale  # the path before: within the same bound
-    assert not torch.equal(got, before)  # a different kernel ran
+    eight = prompt_logits(coarse, ids, as_decode=True)
+    for other in (got, before, eight):  # 4-bit weights, bf16 elsewhere; activations 15 bits, bf16, 8 bits
+        assert (other - expected).abs().max().item() <= 0.05 * scale
+    assert not torch.equal(got, before) and not torch.equal(got, eight)  # a different kernel ran
     # prompt rows still read the dense copy: the x8 form changes no prompt logits
     assert torch.equal(prompt_logits(auto, ids), prompt_logits(old, ids))
 
 
 def test_float32_greedy_tokens_are_unchanged(x8_file, quant_ops, monkeypatch):
     """float32 auto reads the file's blocks in place against float32 activations (exact
-    values), never the x8 form, even with $STRATA_Q4_KERNEL=x8: its greedy tokens are the dense model's."""
+    values), never the x8 form: its greedy tokens are the dense model's."""
     monkeypatch.setenv(Q4_KERNEL_ENV, "x8")
     dense, auto = engine(x8_file, "dense"), engine(x8_file, "auto")
     assert all(p.x8 is None for p in projections(auto))

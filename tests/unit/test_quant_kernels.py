@@ -71,8 +71,9 @@ def offsets(raw: np.ndarray, qtype: QT) -> np.ndarray:
 
 
 def bound(x: np.ndarray, parts: list[tuple[np.ndarray, QT, np.ndarray]], int8: bool, bf16_out: bool,
-          y: np.ndarray) -> np.ndarray:
-    """[rows, sum out] the tolerance of the module docstring."""
+          y: np.ndarray, levels: int = 127) -> np.ndarray:
+    """[rows, sum out] the tolerance of the module docstring; `levels`: the activation codes'
+    largest magnitude, d = max|x_b| / levels (127: 8 bits; the x8 kernel's 15 bits: 16256)."""
     k = x.shape[1]
     cols = []
     for raw, qtype, w in parts:
@@ -83,8 +84,8 @@ def bound(x: np.ndarray, parts: list[tuple[np.ndarray, QT, np.ndarray]], int8: b
             amax = np.repeat(np.abs(x).reshape(x.shape[0], -1, block).max(axis=2), block, axis=1)  # [rows, k]
             o = offsets(raw, qtype)
             magnitude = np.abs(w - o) + np.abs(o)
-            tol = amax @ np.abs(w).T * (1 / 254 + 2.0 ** -22)
-            tol += (k / 32 + 8) * 2.0 ** -24 * ((np.abs(x) + amax / 127) @ magnitude.T)
+            tol = amax @ np.abs(w).T * (1 / (2 * levels) + 2.0 ** -22)
+            tol += (k / 32 + 8) * 2.0 ** -24 * ((np.abs(x) + amax / levels) @ magnitude.T)
         cols.append(tol)
     tol = np.concatenate(cols, axis=1)
     if bf16_out:  # rounding the float32 result, itself within tol of y
