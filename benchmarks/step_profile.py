@@ -31,10 +31,12 @@ from benchmarks.decode import prompt_ids
 
 TOP = 8
 ALL_ARMS = ("fused", "fused, AVX2 attention", "fused, SDPA reads", "torch", "fused, calls recorded")
+ARMS_SEP = ";"  # --arms separator (arm names hold commas)
 # op name -> group (the first pattern it contains) for the "fused, calls recorded" arm's breakdown
 GROUPS = (("strata::x8", "projections"), ("int4pack", "projections"), ("strata::quant", "projections"),
-          ("aten::linear", "projections (dense)"), ("aten::mm", "projections (dense)"),
-          ("aten::addmm", "projections (dense)"), ("int8pack", "LM head (int8)"),
+          ("aten::linear", "dense GEMMs (the LM head above its int8 rows)"),
+          ("aten::mm", "dense GEMMs (the LM head above its int8 rows)"),
+          ("aten::addmm", "dense GEMMs (the LM head above its int8 rows)"), ("int8pack", "LM head (int8)"),
           ("strata::decode_attention", "attention"), ("scaled_dot_product", "attention"),
           ("strata::", "norms, silu, rope (fused)"))
 
@@ -163,7 +165,7 @@ def main() -> None:
     p.add_argument("--lanes", type=int, nargs="+", default=[1, 8])
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--arms", default="", help="comma-separated arms to run (default: all; 'fused' is always run)")
+    p.add_argument("--arms", default="", help="semicolon-separated arms to run (default: all; 'fused' is always run)")
     add_quick_and_out(p, "1 lane at ~80 cells, 2 steps per arm, one pass")
     args = p.parse_args()
     args.prompt, args.passes = 512, 2
@@ -173,7 +175,7 @@ def main() -> None:
 
     arms = arms_here()
     if args.arms:
-        chosen = {a.strip() for a in args.arms.split(",")}
+        chosen = {a.strip() for a in args.arms.split(ARMS_SEP)}
         arms = tuple(a for a in arms if a == "fused" or a in chosen)
     paths = kernel_paths(load_decode_ops(enabled=True))
     results = {}

@@ -6,11 +6,12 @@ Which form a projection reads (`fused_linear`), as measured by benchmarks/quant_
 
 - `--weights native`: the file's blocks (models/quant.py) at every step, any dtype;
 - `--weights auto`, bfloat16: a step's decode rows, when it has at most `quant_max_rows()` of
-  them, read Q4_0 and Q4_1 through torch's int4 kernel (q4.py; 1 row 0.29 ms against 0.40 ms
-  for strata's kernel on the AMX guest), or with $STRATA_Q4_KERNEL=x8 through strata's x8
-  kernel (q4x8.py: 8 columns interleaved; EPYC, VNNI: 1 row 0.10 ms, 4 rows 0.29, 8 rows 0.54
-  against torch's int4 kernel's 0.20, 0.35, 0.68; AVX2 variant 0.12, 0.35, 0.71; not the
-  default: its 8-bit activations miss tests/model/test_serving_accuracy.py's logit bound);
+  them, read Q4_0 and Q4_1 through strata's x8 kernel (q4x8.py: 8 columns interleaved,
+  15-bit activations per 32 values; EPYC, VNNI: 1 row 0.10 ms, 8 rows 0.63 against torch's
+  int4 kernel's 0.21, 0.69; AVX2 variant 1 row 0.19), with $STRATA_Q4_KERNEL=x8-int8 the same
+  kernel on 8-bit activations (1 row 0.10 ms, 8 rows 0.37; outside
+  tests/model/test_serving_accuracy.py's logit bound), with =int4 through torch's int4 kernel
+  (q4.py; 1 row 0.29 ms against 0.40 ms for strata's per-row kernel on the AMX guest);
   every other type through strata's kernel (Q8_0 0.31 ms; on a
   1024-wide layer Q4_K 0.61 ms against 0.79 ms for its int4 form); prompt rows (in any step:
   models/rows.py) and more decode rows read the dense copy, whose bfloat16 GEMM runs on AMX

@@ -7,9 +7,8 @@ the form torch's CPU int4 matmul takes. The codes never change; `pack_for_cpu` h
 and zero to the kernel in the compute dtype: float32 compute keeps them as loaded (d is
 float16, zero is computed in float32), bfloat16 compute rounds them to bfloat16's 8-bit
 mantissa (at most 2^-8 relative; tests/unit/test_q4.py). `--weights auto` in bfloat16 reads
-Q4_0/Q4_1 decode rows through this form, or with $STRATA_Q4_KERNEL=x8 through strata's x8
-kernel (q4x8.py: faster in benchmarks/quant_kernels.py, 8-bit activations); every other case
-reads the blocks in place (quant.py).
+Q4_0/Q4_1 decode rows through strata's x8 kernel (q4x8.py) by default, through this form
+with $STRATA_Q4_KERNEL=int4; every other case reads the blocks in place (quant.py).
 """
 
 from __future__ import annotations
