@@ -9,6 +9,11 @@ causally aligned to its last cell.
 Rows of the step's token batch: the decoding lanes first (one row each, in group order),
 then each prefill piece's rows in order.
 
+A prompt's sampling row (its last) is read again on its own, as one query over all its cells
+(`AttentionMeta.samples`, runner/inputs.py): its output is then the same whether it was the
+last row of a long piece (a cold prompt) or a piece of one row (a retry whose prefix is cached),
+and whatever its lane's cells' layout (models/rows.py).
+
 A layer's caches are `Cells` (cells/protocol.py): attention writes and reads them only
 through that protocol, whatever stores them (dense, int8 quantised on the write and
 dequantised where read, or the ring's view of one step).
@@ -34,11 +39,14 @@ class AttentionMeta:
     write_index: torch.Tensor  # [tokens] the flat cell each new token's K/V goes to
     decode: tuple[DecodeRead, ...]  # groups of the decoding lanes, rows in order
     prefills: tuple[PrefillRead, ...]
+    # one row each: a prompt's sampling row, read after (and over) its piece's output, if any
+    samples: tuple[DecodeRead, ...] = ()
 
     def to(self, device: torch.device) -> AttentionMeta:
         """The same addressing with its tensors on `device`."""
         return AttentionMeta(self.write_index.to(device, non_blocking=True),
-                             tuple(d.to(device) for d in self.decode), tuple(p.to(device) for p in self.prefills))
+                             tuple(d.to(device) for d in self.decode), tuple(p.to(device) for p in self.prefills),
+                             tuple(s.to(device) for s in self.samples))
 
 
 def attend(
@@ -58,7 +66,7 @@ def attend(
 def attend_written(q: torch.Tensor, k_cache: Cache, v_cache: Cache, meta: AttentionMeta) -> torch.Tensor:
     """`attend` once the step's K/V is in the cache (the fused rope_write put it there)."""
     num_tokens, num_heads, head_dim = q.shape
-    if len(meta.decode) == 1 and not meta.prefills:  # the common decode step: no output copy
+    if len(meta.decode) == 1 and not meta.prefills and not meta.samples:  # the common decode step: no output copy
         return meta.decode[0].attend(q, k_cache, v_cache).reshape(num_tokens, num_heads * head_dim)
     out = q.new_empty(num_tokens, num_heads, head_dim)
     for d in meta.decode:
@@ -66,5 +74,7 @@ def attend_written(q: torch.Tensor, k_cache: Cache, v_cache: Cache, meta: Attent
         out[rows] = d.attend(q[rows], k_cache, v_cache)
     for p in meta.prefills:
         out[p.row_start : p.row_end] = p.attend(q[p.row_start : p.row_end], k_cache, v_cache)
+    for s in meta.samples:
+        out[s.row_start : s.row_start + 1] = s.attend(q[s.row_start : s.row_start + 1], k_cache, v_cache)
     return out.view(num_tokens, num_heads * head_dim)
 

@@ -16,10 +16,6 @@ from strata.models.fused import load_quant_ops
 from strata.models.quant import QuantWeight
 
 
-# The fused norms' loops are scalar per row (strata/csrc): they win where a step has few rows
-# (decode, or a prompt piece beside decoding lanes: 15 vs 57 us at 8 rows, 93 vs 126 at 103,
-# bf16) and only tie torch's kernels on whole prompts (454 vs 412 us at 512 rows).
-FUSED_MAX_ROWS = 128
 
 
 class RMSNorm:
@@ -28,15 +24,16 @@ class RMSNorm:
         self.eps = eps
 
     def __call__(self, x: torch.Tensor, ops=None) -> torch.Tensor:
-        """x [rows, dim]; `ops`: the fused decode ops (models/fused.py) or None."""
-        if ops is not None and x.dim() == 2 and x.shape[0] <= FUSED_MAX_ROWS and x.is_contiguous():
+        """x [rows, dim]; `ops`: the fused decode ops (models/fused.py) or None. Each computes a
+        row by itself, but the two round differently, so one of them takes every row count: a
+        prompt's last row normed in a long piece and alone then agree (models/rows.py)."""
+        if ops is not None and x.dim() == 2 and x.is_contiguous():
             return ops.rms_norm(x, self.weight, self.eps)
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
     def add_and_norm(self, x: torch.Tensor, delta: torch.Tensor, ops=None) -> tuple[torch.Tensor, torch.Tensor]:
         """(x + delta, rms_norm(x + delta)); with `ops`, x [rows, dim] is updated in place."""
-        if ops is not None and x.dim() == 2 and x.shape[0] <= FUSED_MAX_ROWS and x.is_contiguous() \
-                and delta.is_contiguous():
+        if ops is not None and x.dim() == 2 and x.is_contiguous() and delta.is_contiguous():
             return x, ops.add_rms_norm(x, delta, self.weight, self.eps)
         x = x + delta
         return x, self(x)

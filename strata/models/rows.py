@@ -6,10 +6,22 @@ by a row's kind (models/linear.py, models/head.py): decode rows may read a 4-bit
 form, prompt rows read the dense weights, so a prompt's tokens take one path whether or not
 a prefix of it was cached and whatever lanes decode beside it.
 
-A prompt row that samples (a prompt's last token) is multiplied by the dense weights on its
-own: a dense GEMM's rows are not bit-identical across row counts (the library picks its
-kernel by the count), and a retry whose prefix is cached computes that row alone, so a cold
-prompt does too; the same chat sent twice at temperature 0 then answers the same.
+A prompt row that samples (a prompt's last token) is computed as it would be alone, so a
+retry whose prefix is cached (a piece of that one row) computes it bit-identically to the
+cold prompt (the last row of a long piece), and the same chat sent twice at temperature 0
+answers the same, every token:
+- every projection and the head multiply it by the dense weights on its own (`alone`, here):
+  a dense GEMM's rows are not bit-identical across row counts (the library picks its kernel
+  by the count);
+- it attends as one query over all its cells, summed in position order whatever the lane's
+  layout (runner/inputs.py `_sample_read`, models/attention.py `AttentionMeta.samples`), not
+  within its piece's causal attention (SDPA's blocks depend on the piece's rows);
+- the norms (models/layers.py), the rotation and K/V write, and the MLP's activation compute
+  each row by itself, by one kernel at any row count (the fused norm and torch's round
+  differently: the fused one, where loaded, takes every step).
+Decode steps after it then read the same cells at the same positions. Not so through the ring
+(runner/ring_reads.py) or in sliding-window layers cut to their window (runner/windows.py):
+there the row attends within its piece, equal within rounding.
 """
 
 from __future__ import annotations

@@ -115,6 +115,19 @@ def _decode_spans(decode: Sequence[LaneWork], chunk_size: int, kernel: Callable)
                         torch.tensor(row_spans, dtype=torch.long), kernel),)
 
 
+def _sample_read(w: LaneWork, row: int, cells: ChunkCells, kernel: Callable | None) -> DecodeRead:
+    """A prompt's sampling row (`row`, its last) as one query over all of its cells, summed in
+    position order whatever the lane's layout: through the fused decode kernel over its runs of
+    chunks (its blocks are positions, not runs), else over its cells gathered into one tensor.
+    So a cold prompt's last row and a retry's one-row piece (its prefix cached, its table's
+    last chunk perhaps a copy) attend bit-identically (models/rows.py)."""
+    if kernel is not None:
+        spans = [(r.start, r.stop - r.start) for r in chunk_runs(w.chunk_ids, w.num_cells, cells.chunk_size)]
+        return DecodeSpans(row, 1, torch.tensor(spans, dtype=torch.long),
+                           torch.tensor([0, len(spans)], dtype=torch.long), kernel)
+    return DecodeGather(row, 1, w.num_cells, cells.cells(w.chunk_ids, w.num_cells), None)
+
+
 def build_inputs(work: Sequence[LaneWork], cells: ChunkCells, decode_kernel: Callable | None = None,
                  windows: Sequence[int] = (), grouped: bool = False) -> StepInputs:
     """`decode_kernel`: the fused decode attention where the model and K/V allow it (runner);
@@ -139,10 +152,15 @@ def build_inputs(work: Sequence[LaneWork], cells: ChunkCells, decode_kernel: Cal
         positions.extend(range(w.start, w.num_cells))
         writes.extend(_write_cells(w, chunk_size))
 
-    prefills = []
+    prefills, samples = [], []
     row = len(decode)
     for w in prefill:
         n = len(w.token_ids)
+        if w.prompt and w.do_sample:
+            samples.append(_sample_read(w, row + n - 1, cells, decode_kernel))
+            if n == 1:  # the sampling row alone: no piece read
+                row += n
+                continue
         cell_slice = contiguous(w.chunk_ids, w.num_cells, chunk_size)
         runs = None if cell_slice is not None else runs_of(w, cells)
         if cell_slice is not None and n <= VERIFY_MAX_ROWS < w.num_cells:
@@ -170,7 +188,7 @@ def build_inputs(work: Sequence[LaneWork], cells: ChunkCells, decode_kernel: Cal
                 alone.append(row - 1)
         if not w.prompt:
             decode_rows, decode_logits = row, len(sample_rows)
-    meta = AttentionMeta(torch.tensor(writes, dtype=torch.long), decode_groups, tuple(prefills))
+    meta = AttentionMeta(torch.tensor(writes, dtype=torch.long), decode_groups, tuple(prefills), tuple(samples))
     if grouped:
         metas = group_metas(meta, ordered, windows, chunk_size, decode_kernel)
     else:
