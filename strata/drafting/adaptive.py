@@ -15,13 +15,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # The verify forward's cost over a one-row decode step, in decode steps (benchmarks/spec.py
-# measures it; the default model on this CPU, 1 thread: 1 draft 1.40 steps, 2: 1.42, 3: 1.52,
-# then 4: 2.03, where 5 rows leave the int8 LM head's 4-row path).
-DRAFT_COST_FIRST = 0.40
-DRAFT_COST_MORE = 0.06
+# measures it: with its rows read by the fused decode attention, 1 draft costs about 1.25 steps,
+# 2: 1.42, 3: 1.6; 4 jumps where 5 rows leave the int8 LM head's 4-row path).
+DRAFT_COST_FIRST = 0.25
+DRAFT_COST_MORE = 0.17
 PRIOR = 0.5  # the acceptance a lane starts from
 WEIGHT = 0.3  # of the latest verify step in the average
-PROBE_EVERY = 32
+# A stopped lane's probe: a step without a draft costs nothing extra, and a step whose
+# lookup finds no n-gram proposes nothing, so probes are cheap; rarer probes miss the
+# repeating stretches that follow a rejected pair of steps.
+PROBE_EVERY = 4
 
 
 @dataclass

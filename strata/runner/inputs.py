@@ -105,13 +105,17 @@ def _decode_groups(decode: Sequence[LaneWork], cells: ChunkCells) -> tuple[list[
 
 
 def _decode_spans(decode: Sequence[LaneWork], chunk_size: int, kernel: Callable) -> tuple[DecodeRead, ...]:
-    """Every decode row in one read: each lane's table as runs of consecutive chunks."""
+    """Every decode row in one read: each lane's table as runs of consecutive chunks. A lane
+    of several rows (a verify step's pending token and drafts) gives each row its own spans:
+    row i (position start + i) sees cells 0..start + i, its own included, as decoding one
+    token at a time would (the step's K/V is written before any row attends)."""
     spans: list[tuple[int, int]] = []
     row_spans = [0]
     for w in decode:
-        spans += [(r.start, r.stop - r.start) for r in chunk_runs(w.chunk_ids, w.num_cells, chunk_size)]
-        row_spans.append(len(spans))
-    return (DecodeSpans(0, len(decode), torch.tensor(spans, dtype=torch.long),
+        for seen in range(w.start + 1, w.num_cells + 1):
+            spans += [(r.start, r.stop - r.start) for r in chunk_runs(w.chunk_ids, seen, chunk_size)]
+            row_spans.append(len(spans))
+    return (DecodeSpans(0, len(row_spans) - 1, torch.tensor(spans, dtype=torch.long),
                         torch.tensor(row_spans, dtype=torch.long), kernel),)
 
 
@@ -128,6 +132,12 @@ def _sample_read(w: LaneWork, row: int, cells: ChunkCells, kernel: Callable | No
     return DecodeGather(row, 1, w.num_cells, cells.cells(w.chunk_ids, w.num_cells), None)
 
 
+def _fused_rows(w: LaneWork) -> bool:
+    """A decoding lane the fused decode kernel reads row by row: one token, or a verify
+    step's few rows."""
+    return not w.prompt and len(w.token_ids) <= VERIFY_MAX_ROWS
+
+
 def build_inputs(work: Sequence[LaneWork], cells: ChunkCells, decode_kernel: Callable | None = None,
                  windows: Sequence[int] = (), grouped: bool = False) -> StepInputs:
     """`decode_kernel`: the fused decode attention where the model and K/V allow it (runner);
@@ -135,14 +145,18 @@ def build_inputs(work: Sequence[LaneWork], cells: ChunkCells, decode_kernel: Cal
     `windows`: the model's distinct sliding windows, each given its own addressing; `grouped`:
     each is a layer group with its own storage, read through the lanes' `window_ids`."""
     chunk_size = cells.chunk_size
-    decoding = [w for w in work if w.reads_as_decode]
+    # Windowed layers cut their reads per lane (windows.py), one row per decoding lane: a verify
+    # step's rows are pieces there.
+    fused = decode_kernel is not None and not windows
+    decoding = [w for w in work if (_fused_rows(w) if fused else w.reads_as_decode)]
     if decode_kernel is not None and decoding:
         decode, decode_groups = decoding, _decode_spans(decoding, chunk_size, decode_kernel)
     else:
         decode, decode_groups = _decode_groups(sorted(decoding, key=lambda w: w.num_cells), cells)
     # Pieces, each attending alone: a decoding lane's several rows (verify, a draft model's feed)
     # before the prompt pieces, so that every decode row precedes every prompt row (RowKinds).
-    prefill = [w for w in work if not w.reads_as_decode and not w.prompt] + [w for w in work if w.prompt]
+    in_decode = {id(w) for w in decode}
+    prefill = [w for w in work if id(w) not in in_decode and not w.prompt] + [w for w in work if w.prompt]
     ordered = tuple(decode + prefill)
     ids: list[int] = []
     positions: list[int] = []
@@ -153,7 +167,7 @@ def build_inputs(work: Sequence[LaneWork], cells: ChunkCells, decode_kernel: Cal
         writes.extend(_write_cells(w, chunk_size))
 
     prefills, samples = [], []
-    row = len(decode)
+    row = sum(len(w.token_ids) for w in decode)
     for w in prefill:
         n = len(w.token_ids)
         if w.prompt and w.do_sample:

@@ -22,8 +22,8 @@ from strata.runner.inputs import build_inputs
 from strata.runner.reads import MAX_RUNS, MIN_RUN_CELLS, ChunkCells
 
 
-def work(lane, tokens, start, chunks, sample=True):
-    return LaneWork(lane, f"r{lane}", tuple(tokens), start, tuple(chunks), sample)
+def work(lane, tokens, start, chunks, sample=True, prompt=False):
+    return LaneWork(lane, f"r{lane}", tuple(tokens), start, tuple(chunks), sample, prompt=prompt)
 
 
 def test_with_the_fused_kernel_every_decode_row_reads_its_runs_of_chunks():
@@ -32,7 +32,7 @@ def test_with_the_fused_kernel_every_decode_row_reads_its_runs_of_chunks():
     c = 4
     kernel = object()
     ws = [
-        work(0, [11, 12], 0, [9]),  # a prefill piece
+        work(0, [11, 12], 0, [9], prompt=True),  # a prefill piece
         work(1, [21], 9, [2, 3, 7]),  # 10 cells: chunks 2-3 in a run, then 2 cells of chunk 7
         work(2, [31], 0, [5]),  # 1 cell
         work(3, [41], 7, [0, 1]),  # 8 cells in one run

@@ -3,7 +3,8 @@ verify step rejects goes back at commit (exact chunk ids)."""
 
 from __future__ import annotations
 
-from strata.drafting.planner import NgramPlanner
+from strata.drafting.adaptive import AdaptiveK
+from strata.drafting.planner import LaneSpec, NgramPlanner
 from strata.engine.scheduler import Scheduler
 from strata.kv.layout import PooledLayout
 from strata.step import DraftOutcome, Sampled, StepOutput
@@ -37,9 +38,10 @@ def test_rejected_drafts_give_their_chunks_back():
     prefill(s)
     conv = s.seqs["a"].conv
     assert conv.table.chunk_ids == [0] and conv.num_cells == 3
+    s.seqs["a"].spec = LaneSpec(AdaptiveK(3, alpha=0.9))  # a lane that keeps most drafts: k = its max, 3
     plan = s.schedule()
     (w,) = plan.work
-    assert w.token_ids == (9, 50, 51, 52) and w.num_drafts == 3  # k = 3 at the prior acceptance (adaptive.py)
+    assert w.token_ids == (9, 50, 51, 52) and w.num_drafts == 3
     assert conv.table.chunk_ids == [0, 1]  # room for cells 3..6
     out = StepOutput((Sampled("a", 50, None), Sampled("a", 60, None)), (DraftOutcome("a", 3, 1),))
     s.commit(plan, out)
