@@ -50,6 +50,9 @@ class DenseCells:
     def kernel_view(self, dtype: torch.dtype) -> torch.Tensor | None:
         return self.data if self.data.dtype == dtype else None
 
+    def kernel_reads(self, dtype: torch.dtype) -> tuple[torch.Tensor, ...] | None:
+        return (self.data,) if self.data.dtype == dtype else None
+
     def fused_write(self, ops, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, v: DenseCells,
                     index: torch.Tensor, num_heads: int, num_kv_heads: int) -> torch.Tensor | None:
         k_view, v_view = self.kernel_view(qkv.dtype), v.kernel_view(qkv.dtype)

@@ -76,6 +76,9 @@ class Int8Cells:
     def kernel_view(self, dtype: torch.dtype) -> torch.Tensor | None:
         return None  # the fused kernels read the compute dtype; int8 is dequantised where read
 
+    def kernel_reads(self, dtype: torch.dtype) -> tuple[torch.Tensor, ...] | None:
+        return None
+
     def fused_write(self, ops, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, v: Int8Cells,
                     index: torch.Tensor, num_heads: int, num_kv_heads: int) -> torch.Tensor | None:
         return None

@@ -40,6 +40,11 @@ class Cells(Protocol):
         """The storage itself, [kv_heads, cells, head_dim], when the fused CPU kernels can read and
         write it in place (stored as `dtype`); None otherwise."""
 
+    def kernel_reads(self, dtype: torch.dtype) -> tuple[torch.Tensor, ...] | None:
+        """What the fused decode attention reads in place (stored as `dtype`): one storage
+        [kv_heads, cells, head_dim], or two whose flat cells continue each other (the second's
+        cell 0 is the first's cell count: the ring's staging after its arena); None otherwise."""
+
     def fused_write(self, ops, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, v: Cells,
                     index: torch.Tensor, num_heads: int, num_kv_heads: int) -> torch.Tensor | None:
         """With the fused CPU ops (models/fused.py): rotate q and k of `qkv` [tokens, (heads + 2 *

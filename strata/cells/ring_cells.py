@@ -58,9 +58,16 @@ class RingCells:
         raise TypeError("reads through the ring are slices of one buffer")
 
     def kernel_view(self, dtype: torch.dtype) -> Tensor | None:
-        """The arena's storage: the fused decode attention reads through the ring only spans
-        of arena cells (runner/ring_reads.py), whose virtual cells are the arena's own."""
-        return self.arena.kernel_view(dtype)
+        """None: the virtual space is two buffers; writes go through `fused_write`, reads through
+        `kernel_reads`."""
+        return None
+
+    def kernel_reads(self, dtype: torch.dtype) -> tuple[Tensor, ...] | None:
+        """The arena's storage, then staging's: their flat cells are the virtual cells (staging's
+        cell 0 is virtual cell A), so the fused decode attention reads resident and streamed
+        pages in one call, spans never crossing A (runner/ring_reads.py)."""
+        arena, staging = self.arena.kernel_view(dtype), self.staging.kernel_view(dtype)
+        return None if arena is None or staging is None else (arena, staging)
 
     def write(self, index: Tensor, x: Tensor) -> None:
         """x [kv_heads, len(index), head_dim] into virtual cells `index` (split by the step
@@ -79,15 +86,23 @@ class RingCells:
 
     def fused_write(self, ops, qkv: Tensor, cos: Tensor, sin: Tensor, v: RingCells, index: Tensor,
                     num_heads: int, num_kv_heads: int) -> Tensor | None:
-        """The fused rope and write (cells/protocol.py) when every new cell is in the arena and
-        the arena and pool are stored in qkv's dtype (the step's own write index; `index` is
-        the virtual one); else None."""
-        arena_rows, arena_cells, _, _ = self.writes
-        views = [t.kernel_view(qkv.dtype) for t in (self.arena, v.arena, self.host, v.host)]
-        if self.writeback is not None or arena_rows.numel() != qkv.shape[0] or any(t is None for t in views):
+        """The fused rope and write (cells/protocol.py) when every new cell is in the arena, or
+        every one in staging (a lane whose newest page streams), and the buffers and pool are
+        stored in qkv's dtype (the step's own write index; `index` is the virtual one); else None."""
+        arena_rows, arena_cells, staged_rows, staged_cells = self.writes
+        if self.writeback is not None:
             return None
-        k_arena, v_arena, k_host, v_host = views
-        q = ops.rope_write(qkv, cos, sin, k_arena, v_arena, arena_cells, num_heads, num_kv_heads)
+        if arena_rows.numel() == qkv.shape[0]:
+            device, cells = (self.arena, v.arena), arena_cells
+        elif staged_rows.numel() == qkv.shape[0]:
+            device, cells = (self.staging, v.staging), staged_cells
+        else:
+            return None
+        views = [t.kernel_view(qkv.dtype) for t in (*device, self.host, v.host)]
+        if any(t is None for t in views):
+            return None
+        k_dev, v_dev, k_host, v_host = views
+        q = ops.rope_write(qkv, cos, sin, k_dev, v_dev, cells, num_heads, num_kv_heads)
         ops.rope_write(qkv, cos, sin, k_host, v_host, self.host_index, num_heads, num_kv_heads)  # the pool's copy
         return q
 

@@ -74,6 +74,8 @@ class RingStep:
         return buffers[self.ring.rank[i] % len(buffers)]  # the ring's consecutive layers take turns
 
     def _issue(self, i: int, non_blocking: bool) -> None:
+        if not self.admit and not self.stage:  # everything read is resident already
+            return
         r = self.ring
         k_stage, v_stage = self._buffer(i)
         _copy(r.arena_k[i], r.host.k[i], self.admit, non_blocking)

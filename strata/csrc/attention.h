@@ -15,16 +15,17 @@ constexpr int64_t MAX_GROUP = 16;
 constexpr int64_t MAX_DIM = 256;
 
 struct Segment {
-  int64_t cell, count;  // flat cells cell .. cell + count - 1
+  const void* k;  // the first cell's key row (one K/V head), `count` cells `cell_stride` apart
+  const void* v;  // its value row, the same way
+  int64_t count;
 };
 
 // One task: query heads qf[group][dim] (float32, scaled) over one block's segments of K/V
 // (float32, or bfloat16 as uint16_t bits), `len` positions. Writes part[g * (dim + 2) ...] =
-// (max, sum of exp, dim sums of exp * v).
-using BlockF32 = void (*)(const float* qf, int64_t group, int64_t dim, const float* k, const float* v,
-                          int64_t cell_stride, const Segment* seg, int nseg, int64_t len, float* part);
-using BlockBF16 = void (*)(const float* qf, int64_t group, int64_t dim, const uint16_t* k, const uint16_t* v,
-                           int64_t cell_stride, const Segment* seg, int nseg, int64_t len, float* part);
+// (max, sum of exp, dim sums of exp * v). A block's segments may lie in different storages.
+using BlockF32 = void (*)(const float* qf, int64_t group, int64_t dim, int64_t cell_stride, const Segment* seg,
+                          int nseg, int64_t len, float* part);
+using BlockBF16 = BlockF32;  // the same signature: segments say where, the variant says the type
 
 struct Kernels {
   const char* name;

@@ -1,8 +1,11 @@
 // Decode attention over spans of K/V storage, for every decoding lane in one call.
 //
-//   decode_attention(q, k_cache, v_cache, spans, row_spans, scale) -> out
+//   decode_attention(q, k_cache, v_cache, spans, row_spans, scale, k_more=None, v_more=None) -> out
 //     q         [rows, heads, dim]: one query row per lane (rows may be strided; dim contiguous)
 //     k_cache   [kv_heads, cells, dim], v_cache the same: storage, dim contiguous
+//     k_more    optional second storage [kv_heads, more cells, dim] (v_more the same) with the
+//               same cell stride: flat cells cells .. cells + more - 1 are its cells 0 .. more - 1
+//               (the ring's staging beside its arena); a span lies in one storage
 //     spans     [S, 2] int64: (first flat cell, cells) runs of storage
 //     row_spans [rows + 1] int64: row r attends to spans[row_spans[r] : row_spans[r + 1]], in order
 //     out       [rows, heads, dim] = softmax(scale q K^T) V over the row's cells, grouped-query:
@@ -38,14 +41,24 @@ using attn::MAX_DIM;
 using attn::MAX_GROUP;
 using attn::Segment;
 
+// One K/V head's rows in up to two storages: flat cell c is base[0] + c * cell_stride below
+// `split`, else base[1] + (c - split) * cell_stride (K and V alike).
+struct HeadRows {
+  const char* k[2];
+  const char* v[2];
+  int64_t split, cell_bytes;
+  const void* key(int64_t c) const { return c < split ? k[0] + c * cell_bytes : k[1] + (c - split) * cell_bytes; }
+  const void* value(int64_t c) const { return c < split ? v[0] + c * cell_bytes : v[1] + (c - split) * cell_bytes; }
+};
+
 // The storage segments of positions [from, to) of a row whose spans are `spans[0 .. n)`.
-int cut(const int64_t* spans, int64_t n, int64_t from, int64_t to, Segment* out) {
+int cut(const int64_t* spans, int64_t n, int64_t from, int64_t to, const HeadRows& head, Segment* out) {
   int m = 0;
   int64_t pos = 0;
   for (int64_t s = 0; s < n && pos < to; ++s) {
     const int64_t first = spans[2 * s], count = spans[2 * s + 1];
     const int64_t a = std::max(from, pos), b = std::min(to, pos + count);
-    if (a < b) out[m++] = {first + (a - pos), b - a};
+    if (a < b) out[m++] = {head.key(first + (a - pos)), head.value(first + (a - pos)), b - a};
     pos += count;
   }
   return m;
@@ -63,28 +76,32 @@ std::atomic<const attn::Kernels*>& chosen() {
   return kernels;
 }
 
-inline void attend_block(const attn::Kernels& kern, const float* qf, int64_t group, int64_t dim, const float* k,
-                         const float* v, int64_t cell_stride, const Segment* seg, int nseg, int64_t len, float* part) {
-  kern.f32(qf, group, dim, k, v, cell_stride, seg, nseg, len, part);
-}
-inline void attend_block(const attn::Kernels& kern, const float* qf, int64_t group, int64_t dim,
-                         const c10::BFloat16* k, const c10::BFloat16* v, int64_t cell_stride, const Segment* seg,
-                         int nseg, int64_t len, float* part) {
-  kern.bf16(qf, group, dim, reinterpret_cast<const uint16_t*>(k), reinterpret_cast<const uint16_t*>(v), cell_stride,
-            seg, nseg, len, part);
+inline attn::BlockF32 block_kernel(const attn::Kernels& kern, float) { return kern.f32; }
+inline attn::BlockF32 block_kernel(const attn::Kernels& kern, c10::BFloat16) { return kern.bf16; }
+
+// K/V head h's rows: storage 0 (`cache`), then storage 1 (`more`, or none) past its cells.
+HeadRows head_rows(const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor* k_more,
+                   const torch::Tensor* v_more, int64_t h) {
+  const int64_t es = k.element_size();
+  const char* k0 = static_cast<const char*>(k.data_ptr()) + h * k.stride(0) * es;
+  const char* v0 = static_cast<const char*>(v.data_ptr()) + h * v.stride(0) * es;
+  const char* k1 = k_more ? static_cast<const char*>(k_more->data_ptr()) + h * k_more->stride(0) * es : k0;
+  const char* v1 = v_more ? static_cast<const char*>(v_more->data_ptr()) + h * v_more->stride(0) * es : v0;
+  return HeadRows{{k0, k1}, {v0, v1}, k.size(1), k.stride(1) * es};
 }
 
 template <typename scalar_t>
-void run(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache, const int64_t* sp,
-         const int64_t* rs, double scale, int64_t rows, int64_t heads, int64_t dim, int64_t kv_heads, int64_t group,
+void run(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+         const torch::Tensor* k_more, const torch::Tensor* v_more, const int64_t* sp, const int64_t* rs,
+         double scale, int64_t rows, int64_t heads, int64_t dim, int64_t kv_heads, int64_t group,
          const std::vector<int64_t>& length, const std::vector<int64_t>& blocks,
          const std::vector<int64_t>& task_first, std::vector<float>& parts, torch::Tensor& out) {
   const int64_t tasks = task_first[rows], stride = dim + 2;
-  const attn::Kernels& kern = *chosen().load();
+  const attn::BlockF32 block = block_kernel(*chosen().load(), scalar_t{});
     const scalar_t* qp = q.data_ptr<scalar_t>();
-    const scalar_t* kp = k_cache.data_ptr<scalar_t>();
-    const scalar_t* vp = v_cache.data_ptr<scalar_t>();
-    const int64_t head_stride = k_cache.stride(0), cell_stride = k_cache.stride(1);
+    const int64_t cell_stride = k_cache.stride(1);
+    std::vector<HeadRows> head(kv_heads);
+    for (int64_t h = 0; h < kv_heads; ++h) head[h] = head_rows(k_cache, v_cache, k_more, v_more, h);
     at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
       alignas(32) float qf[MAX_GROUP * MAX_DIM];
       Segment seg[BLOCK];
@@ -93,13 +110,12 @@ void run(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tens
         while (t >= task_first[r + 1]) ++r;
         const int64_t h = (t - task_first[r]) / blocks[r], b = (t - task_first[r]) % blocks[r];
         const int64_t from = b * BLOCK, to = std::min(length[r], from + BLOCK);
-        const int nseg = cut(sp + 2 * rs[r], rs[r + 1] - rs[r], from, to, seg);
+        const int nseg = cut(sp + 2 * rs[r], rs[r + 1] - rs[r], from, to, head[h], seg);
         for (int64_t g = 0; g < group; ++g) {
           const scalar_t* qh = qp + r * q.stride(0) + (h * group + g) * q.stride(1);
           for (int64_t d = 0; d < dim; ++d) qf[g * dim + d] = static_cast<float>(qh[d]) * static_cast<float>(scale);
         }
-        attend_block(kern, qf, group, dim, kp + h * head_stride, vp + h * head_stride, cell_stride, seg, nseg, to - from,
-                     parts.data() + t * group * stride);
+        block(qf, group, dim, cell_stride, seg, nseg, to - from, parts.data() + t * group * stride);
       }
     });
     // Merge each (row, kv head)'s blocks: weights e^(m_b - M), normalised by the summed exps.
@@ -128,12 +144,24 @@ void run(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tens
 }  // namespace
 
 torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor spans,
-                               torch::Tensor row_spans, double scale) {
+                               torch::Tensor row_spans, double scale, c10::optional<torch::Tensor> k_more,
+                               c10::optional<torch::Tensor> v_more) {
   const int64_t rows = q.size(0), heads = q.size(1), dim = q.size(2);
-  const int64_t kv_heads = k_cache.size(0), cells = k_cache.size(1);
+  const int64_t kv_heads = k_cache.size(0), split = k_cache.size(1);
   TORCH_CHECK(q.stride(2) == 1 && k_cache.stride(2) == 1 && v_cache.stride(2) == 1, "decode_attention: dim not contiguous");
   TORCH_CHECK(k_cache.strides() == v_cache.strides() && k_cache.sizes() == v_cache.sizes(), "decode_attention: k and v differ");
   TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && q.scalar_type() == v_cache.scalar_type(), "decode_attention: dtypes differ");
+  TORCH_CHECK(k_more.has_value() == v_more.has_value(), "decode_attention: k_more and v_more come together");
+  int64_t cells = split;
+  if (k_more) {
+    const torch::Tensor& km = *k_more;
+    const torch::Tensor& vm = *v_more;
+    TORCH_CHECK(km.sizes() == vm.sizes() && km.strides() == vm.strides(), "decode_attention: k_more and v_more differ");
+    TORCH_CHECK(km.dim() == 3 && km.size(0) == kv_heads && km.size(2) == dim && km.stride(2) == 1 &&
+                    km.stride(1) == k_cache.stride(1), "decode_attention: k_more's heads, dim or cell stride");
+    TORCH_CHECK(km.scalar_type() == q.scalar_type() && vm.scalar_type() == q.scalar_type(), "decode_attention: dtypes differ");
+    cells += km.size(1);
+  }
   TORCH_CHECK(heads % kv_heads == 0 && heads / kv_heads <= MAX_GROUP, "decode_attention: query heads per K/V head");
   TORCH_CHECK(dim % 16 == 0 && dim <= MAX_DIM, "decode_attention: head dim must be a multiple of 16, at most 256");
   TORCH_CHECK(spans.is_contiguous() && spans.dim() == 2 && spans.size(1) == 2 && row_spans.numel() == rows + 1,
@@ -147,6 +175,7 @@ torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Te
     int64_t n = 0;
     for (int64_t s = rs[r]; s < rs[r + 1]; ++s) {
       TORCH_CHECK(sp[2 * s] >= 0 && sp[2 * s + 1] >= 0 && sp[2 * s] + sp[2 * s + 1] <= cells, "decode_attention: span outside storage");
+      TORCH_CHECK(sp[2 * s] >= split || sp[2 * s] + sp[2 * s + 1] <= split, "decode_attention: a span crosses into k_more");
       n += sp[2 * s + 1];
     }
     TORCH_CHECK(n > 0, "decode_attention: a row with no cells");
@@ -157,11 +186,13 @@ torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Te
   const int64_t tasks = task_first[rows], stride = dim + 2;
   std::vector<float> parts(static_cast<size_t>(tasks * group * stride));
   auto out = torch::empty({rows, heads, dim}, q.options());
+  const torch::Tensor* km = k_more ? &*k_more : nullptr;
+  const torch::Tensor* vm = v_more ? &*v_more : nullptr;
   TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16, "decode_attention: float32 or bfloat16");
   AT_DISPATCH_SWITCH(q.scalar_type(), "decode_attention", AT_DISPATCH_CASE(at::kFloat, [&] {
-    run<scalar_t>(q, k_cache, v_cache, sp, rs, scale, rows, heads, dim, kv_heads, group, length, blocks, task_first, parts, out);
+    run<scalar_t>(q, k_cache, v_cache, km, vm, sp, rs, scale, rows, heads, dim, kv_heads, group, length, blocks, task_first, parts, out);
   }) AT_DISPATCH_CASE(at::kBFloat16, [&] {
-    run<scalar_t>(q, k_cache, v_cache, sp, rs, scale, rows, heads, dim, kv_heads, group, length, blocks, task_first, parts, out);
+    run<scalar_t>(q, k_cache, v_cache, km, vm, sp, rs, scale, rows, heads, dim, kv_heads, group, length, blocks, task_first, parts, out);
   }));
   return out;
 }

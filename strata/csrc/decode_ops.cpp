@@ -9,7 +9,8 @@
 //       [tokens, dim / 2]), writes k and v into cell write_index[t] of the caches
 //       [kv_heads, cells, dim], returns q [tokens, heads, dim]
 //   silu_mul(gate_up)                      gate_up [rows, 2 n] -> silu(gate) * up [rows, n]
-//   decode_attention(q, k_cache, v_cache, spans, row_spans, scale)    (decode_attention.cpp)
+//   decode_attention(q, k_cache, v_cache, spans, row_spans, scale, k_more=None, v_more=None)
+//       (decode_attention.cpp; k_more/v_more: a second storage past the first's cells)
 //   attention_isa, attention_isas, set_attention_isa: its instruction set (AVX-512 or AVX2)
 //   QuantLinear, Quant4x8Linear, quant_matmul, quant_dequant_rows, quant_isa, quant_isas, set_quant_isa:
 //       quantized GGUF weights read in place (quant_ops.cpp)
@@ -29,7 +30,8 @@
 
 namespace strata {
 torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor spans,
-                               torch::Tensor row_spans, double scale);
+                               torch::Tensor row_spans, double scale, c10::optional<torch::Tensor> k_more,
+                               c10::optional<torch::Tensor> v_more);
 std::string attention_isa();
 std::vector<std::string> attention_isas();
 void set_attention_isa(const std::string& name);
@@ -166,7 +168,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &add_rms_norm);
   m.def("rope_write", &rope_write);
   m.def("silu_mul", &silu_mul);
-  m.def("decode_attention", &strata::decode_attention);
+  m.def("decode_attention", &strata::decode_attention, py::arg("q"), py::arg("k_cache"), py::arg("v_cache"),
+        py::arg("spans"), py::arg("row_spans"), py::arg("scale"), py::arg("k_more") = py::none(),
+        py::arg("v_more") = py::none());
   m.def("attention_isa", &strata::attention_isa);
   m.def("attention_isas", &strata::attention_isas);
   m.def("set_attention_isa", &strata::set_attention_isa);

@@ -121,8 +121,9 @@ class DecodeGather:
 @dataclass(frozen=True)
 class DecodeSpans:
     """Row r's cells are spans[row_spans[r] : row_spans[r + 1]], each (first flat cell, cells),
-    in position order: any layout, read in place, no padding or mask. The caches' kernel views
-    (cells stored in the compute dtype: the runner uses this read only then)."""
+    in position order: any layout, read in place, no padding or mask. The caches' kernel reads
+    (cells stored in the compute dtype: the runner uses this read only then): one storage, or
+    the ring's arena and staging, whose flat cells continue each other."""
 
     kind: ClassVar[str] = "spans"
     row_start: int
@@ -132,9 +133,9 @@ class DecodeSpans:
     kernel: Callable  # the fused ops' decode_attention(q, k, v, spans, row_spans, scale)
 
     def attend(self, q: torch.Tensor, k_cache: Cache, v_cache: Cache) -> torch.Tensor:
-        k, v = k_cache.kernel_view(q.dtype), v_cache.kernel_view(q.dtype)
+        k, v = k_cache.kernel_reads(q.dtype), v_cache.kernel_reads(q.dtype)
         assert k is not None and v is not None, "fused decode reads need cells stored in the compute dtype"
-        return self.kernel(q, k, v, self.spans, self.row_spans, q.shape[-1] ** -0.5)
+        return self.kernel(q, k[0], v[0], self.spans, self.row_spans, q.shape[-1] ** -0.5, *k[1:], *v[1:])
 
     def to(self, device: torch.device) -> DecodeSpans:
         return self  # CPU only

@@ -4,9 +4,10 @@ Cells are in the ring's virtual space (cells/ring_cells.py): a page read in plac
 arena slot, a streamed page at its staging slot. A lane's pages whose virtual cells
 continue each other form one run; a lane in one run is read in place like a contiguous
 lane, a lane in several runs run by run, merged by log-sum-exp (`DecodeRuns`,
-`PrefillRuns`). Runs never cross from the arena into staging. Where every decode row's runs
-are in the arena (the shallow tier: nothing streamed), the fused decode attention reads them
-all in one call over the arena's storage (`DecodeSpans`), as it reads the pool without a ring.
+`PrefillRuns`). Runs never cross from the arena into staging. With the fused decode
+attention every decode row is read in one call over the arena's and staging's storage
+(`DecodeSpans`, `RingCells.kernel_reads`), resident and streamed pages alike, as it reads the
+pool without a ring.
 """
 
 from __future__ import annotations
@@ -40,17 +41,13 @@ def lane_runs(pages: Sequence[int], num_cells: int, page: int, where: PageMap,
     return tuple(slice(a, b) for a, b in runs)
 
 
-def _in_arena(work: Sequence[LaneWork], step: RingStep, runs: Callable[[LaneWork], tuple[slice, ...]]) -> bool:
-    return all(r.stop <= step.pages.num_arena_cells for w in work if w.reads_as_decode for r in runs(w))
-
-
 def ring_metas(work: Sequence[LaneWork], step: GroupedStep, windows: Sequence[int] = (),
                kernel: Callable | None = None) -> dict[int | None, AttentionMeta]:
     """The step's addressing through the ring per window (None: full attention). With one ring
     (one layer group): each of `windows` reads the full addressing cut to it (runner/windows.py).
     With a ring per group: each windowed group's own pages, from its window's first page, cut
-    to the window. `kernel`: the fused decode attention; a group's decode rows read through it
-    when all of their runs are in its arena (nothing streamed for them), else run by run."""
+    to the window. `kernel`: the fused decode attention, which reads every decode row (arena
+    and staging runs in one call); None: run by run."""
     full = step.steps[0]
     ring = full.ring
 
@@ -58,11 +55,10 @@ def ring_metas(work: Sequence[LaneWork], step: GroupedStep, windows: Sequence[in
         return lane_runs(ring.lane_pages(w), w.num_cells, ring.page, full.pages)
 
     if len(step.steps) == 1:
-        k = kernel if _in_arena(work, full, runs) else None
-        return window_metas(ring_meta(work, full, k), work, windows, runs, k)
+        return window_metas(ring_meta(work, full, kernel), work, windows, runs, kernel)
     metas: dict[int | None, AttentionMeta] = {}
     if ring.layers:
-        metas[None] = ring_meta(work, full, kernel if _in_arena(work, full, runs) else None)
+        metas[None] = ring_meta(work, full, kernel)
     for s in step.steps[1:]:
         metas[s.ring.window] = _window_meta(work, s, kernel)
     return metas
@@ -78,13 +74,13 @@ def _window_meta(work: Sequence[LaneWork], step: RingStep, kernel: Callable | No
     def runs_after(w: LaneWork, first: int) -> tuple[slice, ...]:
         return runs_from(runs(w), first - ring.first_page(w) * ring.page)
 
-    return cut_meta(step.write_index, work, ring.window, runs_after, kernel if _in_arena(work, step, runs) else None)
+    return cut_meta(step.write_index, work, ring.window, runs_after, kernel)
 
 
 def ring_meta(work: Sequence[LaneWork], step: RingStep, kernel: Callable | None = None) -> AttentionMeta:
     """`work` in row order (decode rows first, then pieces), as build_inputs orders
     it; the step's virtual write index already follows that order. `kernel`: every decode
-    row through the fused decode attention (its runs all in the arena: ring_metas checks)."""
+    row through the fused decode attention, over arena and staging runs alike."""
     ring, where = step.ring, step.pages
     page = ring.page
     decode, prefills = [], []

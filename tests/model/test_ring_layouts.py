@@ -23,7 +23,9 @@ from hypothesis import strategies as st
 
 from strata.config import EngineConfig
 from strata.engine.engine import Engine
+from strata.models.cell_reads import DecodeSpans
 from strata.sampling import SamplingParams
+from tests.conftest import FUSED_ONLY
 from tests.model.engine_runs import move_or_park, run_requests
 
 MAX_CONTEXT = 160
@@ -157,6 +159,32 @@ def test_default_model_long_prompt_through_a_small_ring(gguf_path):
         if ring:
             assert engine._ring.stats()["pages_streamed"] > 0
     assert out[True] == out[False] and len(out[True]) > 0
+
+
+@pytest.mark.parametrize("decode_path", FUSED_ONLY)
+@pytest.mark.parametrize("pooled", [False, True])
+def test_streamed_pages_are_read_by_the_fused_kernel_beside_resident_ones(engines, monkeypatch, decode_path,
+                                                                          decode_ops, pooled):
+    """A ring of one page, a conversation of ~60 cells: its decode rows read the resident page
+    and the streamed ones in one fused call (the arena, then staging as the second storage),
+    and the greedy tokens are the no-ring engine's."""
+    if DEVICE != "cpu":
+        pytest.skip("the fused decode attention is CPU-only")
+    seen = []
+    attend = DecodeSpans.attend
+
+    def spy(self, q, k_cache, v_cache):
+        parts = k_cache.kernel_reads(q.dtype)
+        split = parts[0].shape[1]
+        seen.append((len(parts), bool((self.spans[:, 0] < split).any()), bool((self.spans[:, 0] >= split).any())))
+        return attend(self, q, k_cache, v_cache)
+
+    monkeypatch.setattr(DecodeSpans, "attend", spy)
+    engine = engines(pooled, 16, False, "f32", 1)
+    engine._scheduler.clear_cache()
+    prompt = list(range(200, 255))
+    assert run(engine, [prompt])[0] == reference(engines, prompt, "f32")
+    assert (2, True, True) in seen and engine._ring.stats()["pages_streamed"] > 0
 
 
 @pytest.mark.parametrize(("pooled", "admitted"), [(True, 1), (False, 4)])

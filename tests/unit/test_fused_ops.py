@@ -128,6 +128,34 @@ def test_decode_attention_reads_strided_queries_and_storage(decode_path, decode_
 
 
 @pytest.mark.parametrize("decode_path", FUSED_ONLY)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("split", [1, 120, 777, 3500])
+def test_decode_attention_reads_a_second_storage_past_the_first(decode_path, decode_ops, dtype, split):
+    """k_more/v_more (the ring's staging beside its arena): flat cells past the first storage's
+    are the second's; the result is bit-identical to one storage holding both, whatever the
+    rows' spans (each in one storage) and the split."""
+    g = torch.Generator().manual_seed(split)
+    k = torch.randn(3, 4096, 64, generator=g).to(dtype)
+    v = torch.randn(3, 4096, 64, generator=g).to(dtype)
+    q = torch.randn(len(ROWS), 9, 64, generator=g).to(dtype)
+    spans, lengths = [], []
+    for row in ROWS:  # a span over the split becomes two, positions in order
+        cut = [s for a, n in row for s in ([(a, split - a), (split, a + n - split)] if a < split < a + n else [(a, n)])]
+        spans += cut
+        lengths.append(len(cut))
+    spans_t = torch.tensor(spans, dtype=torch.long)
+    row_spans = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.long)
+    one = decode_ops.decode_attention(q, k, v, spans_t, row_spans, 0.125)
+    two = decode_ops.decode_attention(q, k[:, :split].clone(), v[:, :split].clone(), spans_t, row_spans, 0.125,
+                                      k[:, split:].clone(), v[:, split:].clone())
+    assert torch.equal(one, two)
+    with pytest.raises(RuntimeError, match="crosses"):
+        decode_ops.decode_attention(q[:1], k[:, :split].clone(), v[:, :split].clone(),
+                                    torch.tensor([[split - 1, 2]]), torch.tensor([0, 1]), 0.125,
+                                    k[:, split:].clone(), v[:, split:].clone())
+
+
+@pytest.mark.parametrize("decode_path", FUSED_ONLY)
 def test_decode_attention_refuses_spans_outside_storage(decode_path, decode_ops):
     k = torch.zeros(1, 32, 16)
     with pytest.raises(RuntimeError, match="outside storage"):
