@@ -10,13 +10,14 @@ Strata runs up to four ways, so that each comparison is like for like: `--weight
 (its default: decode steps read the file's quantized blocks in place, prompt pieces a
 dense copy), `--weights native` (the file's blocks only, at every step: the memory mode),
 `--weights dense` (dequantised bf16 weights, as transformers holds them), `--weights auto`
-with $STRATA_Q4_KERNEL=x8 (`auto-x8`: Q4_0/Q4_1 decode rows on strata's x8 kernel instead of
-torch's int4 kernel), and `--weights auto` with `--kv-pool-tokens` (the shared pool, sized as the 8 lanes' reservations; the
+with $STRATA_Q4_KERNEL=x8 (`auto-x8`: Q4_0/Q4_1 decode rows on strata's x8 kernel, the
+default, named), with $STRATA_HEAD_KERNEL=int8 (`auto-int8head`: the head's decode rows on
+torch's int8 kernel, where auto would read the file's head in place: AVX2-only CPUs), and `--weights auto` with `--kv-pool-tokens` (the shared pool, sized as the 8 lanes' reservations; the
 "pool / reserved" row shows what the pool costs at short contexts). transformers runs
 dense bf16; llama.cpp reads the file as it is.
 
     python benchmarks/decode.py [--model PATH] [--label TEXT] [--rounds 3] [--new 128] [--threads 2]
-                                [--strata auto,auto-x8,native,dense,pool] [--peers transformers,llama.cpp] [--quick]
+                                [--strata auto,auto-x8,auto-int8head,native,dense,pool] [--peers transformers,llama.cpp] [--quick]
 
 `--quick` runs strata's `--weights auto` arm alone (no peer: transformers and llama.cpp are
 measured in full runs only, and the output says so) on a 32-token prompt, 4 new tokens, one round.
@@ -48,7 +49,8 @@ PARAGRAPH = (
 LANES = 8
 KV_CHUNK = 128  # each lane reserves about what it uses, as transformers' static cache does
 # --strata value -> arm
-STRATA_ARMS = {"auto": "strata", "auto-x8": "strata-x8", "native": "strata-native", "dense": "strata-dense",
+STRATA_ARMS = {"auto": "strata", "auto-x8": "strata-x8", "auto-int8head": "strata-int8head", "native": "strata-native",
+               "dense": "strata-dense",
                "pool": "strata-pool"}
 PEERS = ("transformers", "llama.cpp")
 
@@ -56,6 +58,7 @@ PEERS = ("transformers", "llama.cpp")
 def labels(label: str) -> dict[str, str]:
     return {"strata": f"strata {label} (--weights auto)", "strata-native": f"strata {label} (--weights native)",
             "strata-x8": f"strata {label} (--weights auto, STRATA_Q4_KERNEL=x8)",
+            "strata-int8head": f"strata {label} (--weights auto, STRATA_HEAD_KERNEL=int8)",
             "strata-dense": "strata dense bf16 (--weights dense)",
             "strata-pool": f"strata {label}, pool (--kv-pool-tokens)", "transformers": "transformers dense bf16",
             "llama.cpp": f"llama.cpp {label}"}
@@ -151,6 +154,12 @@ def arm_strata_x8(args) -> dict:
     return arm_strata(args)
 
 
+def arm_strata_int8head(args) -> dict:
+    """The auto arm with the head's decode rows on torch's int8 kernel (models/head.py)."""
+    os.environ["STRATA_HEAD_KERNEL"] = "int8"
+    return arm_strata(args)
+
+
 def arm_strata_native(args) -> dict:
     """The strata arm holding only the file's quantized blocks (`--weights native`)."""
     return arm_strata(argparse.Namespace(**{**vars(args), "weights": "native"}))
@@ -203,7 +212,8 @@ def arm_llamacpp(args) -> dict:
     return speeds(args, r["load_s"], r["prefill_s"], r["dec1_s"], r["dec8_s"], r["base_rss_mib"])
 
 
-ARMS = {"strata": arm_strata, "strata-x8": arm_strata_x8, "strata-native": arm_strata_native,
+ARMS = {"strata": arm_strata, "strata-x8": arm_strata_x8, "strata-int8head": arm_strata_int8head,
+        "strata-native": arm_strata_native,
         "strata-dense": arm_strata_dense,
         "strata-pool": arm_strata_pool, "transformers": arm_transformers, "llama.cpp": arm_llamacpp}
 METRICS = ["prefill_tok_s", "decode_tok_s", "decode8_tok_s", "load_s", "peak_rss_mib", "peak_over_runtime_mib"]

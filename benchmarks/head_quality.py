@@ -93,6 +93,7 @@ def main() -> None:
     from strata.testing import prompt_logits
 
     torch.set_num_threads(args.threads)
+    os.environ["STRATA_HEAD_KERNEL"] = "int8"  # the int8 copy is what this measures (models/head.py)
     engine = Engine(EngineConfig(dtype="bfloat16", weights="auto", max_context=512 if args.quick else LONG_TOKENS + 256,
                                  batch=1 if args.quick else 7, threads=args.threads), progress=False)
     model = engine._model

@@ -28,6 +28,8 @@ QUANT_ISA_ENV = "STRATA_QUANT_ISA"
 QUANT_ISAS = ("auto", "avx2", "avx512_vnni")  # the quantized kernels' variants (strata/csrc/quant_*.cpp)
 Q4_KERNEL_ENV = "STRATA_Q4_KERNEL"
 Q4_KERNELS = ("auto", "x8", "x8-int8", "int4")  # how --weights auto reads Q4_0/Q4_1 at bfloat16 decode rows (models/linear.py)
+HEAD_KERNEL_ENV = "STRATA_HEAD_KERNEL"
+HEAD_KERNELS = ("auto", "int8", "quant")  # how --weights auto reads the LM head at bfloat16 decode rows (models/head.py)
 ATTENTION_ISA_ENV = "STRATA_ATTENTION_ISA"
 ATTENTION_ISAS = ("auto", "avx2", "avx512")  # the fused decode attention's variants (strata/csrc/attention_*.cpp)
 DEFAULT_SPEC_K = 3  # 4 rows a verify step: the int8 LM head's path (models/head.py); measured in benchmarks/spec.py
@@ -181,6 +183,19 @@ def q4_kernel_from_env(environ: Mapping[str, str] | None = None) -> str:
     value = environ.get(Q4_KERNEL_ENV, "").strip().lower() or "auto"
     if value not in Q4_KERNELS:
         raise ConfigError(f"${Q4_KERNEL_ENV} must be one of {', '.join(Q4_KERNELS)}, got {environ[Q4_KERNEL_ENV]!r}")
+    return value
+
+
+def head_kernel_from_env(environ: Mapping[str, str] | None = None) -> str:
+    """`$STRATA_HEAD_KERNEL`: how `--weights auto` reads the LM head at bfloat16 decode rows.
+    Unset, empty or `auto`: the file's quantized head in place with strata's kernel where
+    torch's CPU kernels run their AVX2 path (no AVX-512), else torch's int8 kernel on a per-row
+    int8 copy; `int8` or `quant` forces one (`quant` needs a head the kernels read: else int8);
+    anything else is an error."""
+    environ = os.environ if environ is None else environ
+    value = environ.get(HEAD_KERNEL_ENV, "").strip().lower() or "auto"
+    if value not in HEAD_KERNELS:
+        raise ConfigError(f"${HEAD_KERNEL_ENV} must be one of {', '.join(HEAD_KERNELS)}, got {environ[HEAD_KERNEL_ENV]!r}")
     return value
 
 

@@ -8,7 +8,7 @@ written once with `torch.save`, and later starts map it back with `torch.load(mm
 no parse, no copy, the pages read from the page cache on first touch.
 
 An entry is keyed by the model file's identity (real path, size, mtime, inode), how it
-was built (dtype, --weights, devices, $STRATA_Q4_KERNEL) and the source of the classes it pickles, so an
+was built (dtype, --weights, devices, $STRATA_Q4_KERNEL, the head's kernel) and the source of the classes it pickles, so an
 edited file, another build or another strata gives a new key, never a stale model.
 The rotary tables are rebuilt after loading (they depend on --max-context). Only CPU builds are
 cached. The directory is `$STRATA_CACHE_DIR`, else `$XDG_CACHE_HOME/strata`, else
@@ -35,6 +35,7 @@ from strata.config import CACHE_ENV, prepared_cache_dir, q4_kernel_from_env
 
 from strata.loader.tokenizer import Tokenizer
 from strata.models.config import ModelConfig
+from strata.models.head import head_kernel
 from strata.models.llama import LlamaModel
 
 log = logging.getLogger("strata.loader")
@@ -66,7 +67,7 @@ def cache_key(path: str, dtype: str, weights: str, devices: Sequence[str]) -> st
     st = os.stat(path)
     h = hashlib.sha256()
     h.update(repr((FORMAT, torch.__version__, os.path.realpath(path), st.st_size, st.st_mtime_ns, st.st_ino,
-                   dtype, weights, tuple(devices), q4_kernel_from_env())).encode())  # the Q4 form built
+                   dtype, weights, tuple(devices), q4_kernel_from_env(), head_kernel())).encode())  # the forms built
     models_dir = os.path.dirname(os.path.abspath(strata.models.__file__))
     for name in _PICKLED_MODULES:
         with open(os.path.join(models_dir, name), "rb") as f:

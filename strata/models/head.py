@@ -15,11 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
+from strata.config import head_kernel_from_env
 from strata.models.fused import load_quant_ops
 from strata.models.quant import QuantMatmul, QuantWeight
-from strata.models.rows import RowKinds, dense_rows
+from strata.models.rows import RowKinds, dense_rows, linear
 
 # Steps of at most this many rows read the int8 copy. torch 2.13 on a 2-thread Sapphire
 # Rapids, default model's head: 1 row 1.3 ms vs 3.1 ms bf16; 4 rows 2.3 vs 3.3; 8 rows
@@ -28,6 +28,20 @@ INT8_HEAD_MAX_ROWS = 4
 # float32 decode steps of at most this many rows read a quantized head in place beside its
 # dense copy (--weights auto; benchmarks/quant_kernels.py --head).
 QUANT_HEAD_MAX_ROWS = 8
+# bfloat16 decode steps of at most this many rows read it in place where `head_kernel()` is
+# "quant" (the row counts benchmarks/quant_kernels.py --head measures).
+BF16_QUANT_HEAD_MAX_ROWS = 64
+
+
+def head_kernel() -> str:
+    """How --weights auto reads the head at bfloat16 decode rows: "quant" (the file's blocks,
+    strata's kernel) or "int8" (torch's int8 kernel). `$STRATA_HEAD_KERNEL` (config.py) forces
+    one; else "quant" where torch's CPU kernels run their AVX2 path: there its int8 and bf16
+    kernels convert in software and strata's integer kernel reads fewer bytes faster."""
+    choice = head_kernel_from_env()
+    if choice != "auto":
+        return choice
+    return "quant" if torch.backends.cpu.get_cpu_capability() == "AVX2" else "int8"
 
 
 @dataclass(frozen=True)
@@ -76,7 +90,7 @@ class DenseHead:
         return torch.cat([self.small(x[:d]), dense_rows(x, self.weight, None, d, alone)])
 
     def small(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
+        return linear(x, self.weight)
 
 
 class Int8Head(DenseHead):
@@ -112,7 +126,7 @@ def make_head(weight: torch.Tensor | None, quant: QuantWeight | None, weight_mod
     the file's blocks). native reads `quant` in place at every step. auto in bfloat16 reads the
     int8 copy at decode steps (torch's int8 kernel against the default model's Q8_0 blocks in
     place, one thread: a tie at 1 row, 6.3 against 7.5 ms at 4; benchmarks/quant_kernels.py
-    --head); auto in float32 reads `quant` in place at steps of up to QUANT_HEAD_MAX_ROWS rows
+    --head), or `quant` in place where `head_kernel()` says so; auto in float32 reads `quant` in place at steps of up to QUANT_HEAD_MAX_ROWS rows
     (the dense weight's exact values against float32 activations: a tie at 1 row, 11.7 against
     20.2 ms at 4, 18.9 against 32.4 at 8). dense reads the dense weight."""
     in_place = (quant is not None and device.type == "cpu" and weight_mode != "dense"
@@ -124,6 +138,8 @@ def make_head(weight: torch.Tensor | None, quant: QuantWeight | None, weight_mod
     if weight_mode == "dense" or device.type != "cpu":
         return DenseHead(weight)
     if dtype == torch.bfloat16:
+        if in_place and head_kernel() == "quant":
+            return QuantHead(QuantMatmul([quant]), weight, BF16_QUANT_HEAD_MAX_ROWS)
         return Int8Head(weight)
     if in_place:
         return QuantHead(QuantMatmul([quant]), weight, QUANT_HEAD_MAX_ROWS)

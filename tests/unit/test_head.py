@@ -56,14 +56,17 @@ def test_which_head_each_build_gets():
     assert type(make_head(w.float(), None, "auto", f32, cpu)) is DenseHead  # float32 compute stays exact
 
 
-def test_a_quantized_head_is_read_in_place(quant_ops):
+def test_a_quantized_head_is_read_in_place(quant_ops, monkeypatch):
     """native holds only the file's blocks; float32 auto reads them at decode steps (their exact
-    values); bfloat16 auto keeps the faster int8 copy."""
+    values); bfloat16 auto keeps the int8 copy, or reads the blocks where torch's kernels run
+    AVX2 only (or as $STRATA_HEAD_KERNEL says)."""
     import numpy as np
     from gguf import GGMLQuantizationType as QT
     from gguf.quants import quantize
 
-    from strata.models.head import QUANT_HEAD_MAX_ROWS, QuantHead
+    from strata.config import HEAD_KERNEL_ENV
+    from strata.errors import ConfigError
+    from strata.models.head import BF16_QUANT_HEAD_MAX_ROWS, QUANT_HEAD_MAX_ROWS, QuantHead, head_kernel
     from strata.models.quant import QuantWeight
 
     dense = weight().float()
@@ -78,5 +81,14 @@ def test_a_quantized_head_is_read_in_place(quant_ops):
     assert isinstance(auto, QuantHead) and auto.max_rows == QUANT_HEAD_MAX_ROWS
     big = torch.randn(QUANT_HEAD_MAX_ROWS + 1, dense.shape[1])
     assert torch.equal(auto(big), torch.nn.functional.linear(big, exact))  # prompt rows: the dense weight
-    assert isinstance(make_head(exact.bfloat16(), q, "auto", torch.bfloat16, cpu), Int8Head)
+    for choice, kind in (("int8", Int8Head), ("quant", QuantHead)):  # $STRATA_HEAD_KERNEL forces one
+        monkeypatch.setenv(HEAD_KERNEL_ENV, choice)
+        head = make_head(exact.bfloat16(), q, "auto", torch.bfloat16, cpu)
+        assert type(head) is kind and head.max_rows == (BF16_QUANT_HEAD_MAX_ROWS if choice == "quant" else 4)
+        assert head_kernel() == choice
+    monkeypatch.delenv(HEAD_KERNEL_ENV)  # auto: the file's head in place where torch's kernels run AVX2 only
+    assert head_kernel() == ("quant" if torch.backends.cpu.get_cpu_capability() == "AVX2" else "int8")
+    monkeypatch.setenv(HEAD_KERNEL_ENV, "fast")
+    with pytest.raises(ConfigError, match=HEAD_KERNEL_ENV):
+        head_kernel()
     assert np.isfinite(native(x).numpy()).all()
