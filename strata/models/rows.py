@@ -45,19 +45,41 @@ class RowKinds:
         return RowKinds(num_rows, num_logits)
 
 
+# bfloat16 GEMMs of at least this many rows run in float32 where the CPU has no bfloat16 dot
+# products (`bf16_gemm_in_f32`).
+F32_GEMM_MIN_ROWS = 16
+
+
+def bf16_gemm_in_f32(x: torch.Tensor) -> bool:
+    """Whether `linear` runs x's bfloat16 GEMM on float32 copies: a CPU step of at least
+    F32_GEMM_MIN_ROWS rows where the CPU has neither AVX-512 BF16 nor AMX, so that torch's
+    bfloat16 GEMM converts in software; the float32 one, its weight converted each call, is
+    several times faster there from that row count (benchmarks/prefill_profile.py)."""
+    return (x.dtype == torch.bfloat16 and x.device.type == "cpu" and x.shape[0] >= F32_GEMM_MIN_ROWS
+            and not torch.cpu._is_avx512_bf16_supported() and not torch.cpu._is_amx_tile_supported())
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weight^T (+ bias) in x's dtype: F.linear, or its float32 twin (`bf16_gemm_in_f32`),
+    bfloat16 values multiplied exactly and summed in float32, rounded once to bfloat16."""
+    if bf16_gemm_in_f32(x):
+        return F.linear(x.float(), weight.float(), None if bias is None else bias.float()).to(x.dtype)
+    return F.linear(x, weight, bias)
+
+
 def dense_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, first: int,
                alone: Sequence[int] = ()) -> torch.Tensor:
     """x[first:] @ weight^T (+ bias) -> [rows - first, out], each row of `alone` (>= first) by
     itself, the runs between them together."""
     if not alone:
-        return F.linear(x[first:] if first else x, weight, bias)
+        return linear(x[first:] if first else x, weight, bias)
     parts: list[torch.Tensor] = []
     start = first
     for a in alone:
         if a > start:
-            parts.append(F.linear(x[start:a], weight, bias))
-        parts.append(F.linear(x[a:a + 1], weight, bias))
+            parts.append(linear(x[start:a], weight, bias))
+        parts.append(linear(x[a:a + 1], weight, bias))
         start = a + 1
     if start < x.shape[0]:
-        parts.append(F.linear(x[start:], weight, bias))
+        parts.append(linear(x[start:], weight, bias))
     return parts[0] if len(parts) == 1 else torch.cat(parts)
