@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from strata.errors import ConfigError
@@ -161,15 +161,21 @@ def fused_enabled(environ: Mapping[str, str] | None = None) -> bool:
     raise ConfigError(f"${FUSED_ENV} must be 1/true/on or 0/false/off, got {environ[FUSED_ENV]!r}")
 
 
+def choice_from_env(name: str, choices: Sequence[str], environ: Mapping[str, str] | None = None) -> str:
+    """`$name` lower-cased, one of `choices`; unset or empty: "auto" (every such variable's
+    first choice); anything else is a ConfigError naming the variable."""
+    environ = os.environ if environ is None else environ
+    value = environ.get(name, "").strip().lower() or "auto"
+    if value not in choices:
+        raise ConfigError(f"${name} must be one of {', '.join(choices)}, got {environ[name]!r}")
+    return value
+
+
 def quant_isa_from_env(environ: Mapping[str, str] | None = None) -> str:
     """`$STRATA_QUANT_ISA`: the instruction set the quantized-weight kernels run. Unset, empty
     or `auto`: the best this CPU has (AVX-512 VNNI, else AVX2); `avx2` forces the AVX2 path
     (tests run both on one machine); anything else is an error."""
-    environ = os.environ if environ is None else environ
-    value = environ.get(QUANT_ISA_ENV, "").strip().lower() or "auto"
-    if value not in QUANT_ISAS:
-        raise ConfigError(f"${QUANT_ISA_ENV} must be one of {', '.join(QUANT_ISAS)}, got {environ[QUANT_ISA_ENV]!r}")
-    return value
+    return choice_from_env(QUANT_ISA_ENV, QUANT_ISAS, environ)
 
 
 def q4_kernel_from_env(environ: Mapping[str, str] | None = None) -> str:
@@ -179,11 +185,7 @@ def q4_kernel_from_env(environ: Mapping[str, str] | None = None) -> str:
     more rows, but outside tests/model/test_serving_accuracy.py's bound on the mean logit
     difference on the default model); `int4`: torch's int4 kernel (bfloat16 activations);
     anything else is an error."""
-    environ = os.environ if environ is None else environ
-    value = environ.get(Q4_KERNEL_ENV, "").strip().lower() or "auto"
-    if value not in Q4_KERNELS:
-        raise ConfigError(f"${Q4_KERNEL_ENV} must be one of {', '.join(Q4_KERNELS)}, got {environ[Q4_KERNEL_ENV]!r}")
-    return value
+    return choice_from_env(Q4_KERNEL_ENV, Q4_KERNELS, environ)
 
 
 def head_kernel_from_env(environ: Mapping[str, str] | None = None) -> str:
@@ -192,23 +194,14 @@ def head_kernel_from_env(environ: Mapping[str, str] | None = None) -> str:
     torch's CPU kernels run their AVX2 path (no AVX-512), else torch's int8 kernel on a per-row
     int8 copy; `int8` or `quant` forces one (`quant` needs a head the kernels read: else int8);
     anything else is an error."""
-    environ = os.environ if environ is None else environ
-    value = environ.get(HEAD_KERNEL_ENV, "").strip().lower() or "auto"
-    if value not in HEAD_KERNELS:
-        raise ConfigError(f"${HEAD_KERNEL_ENV} must be one of {', '.join(HEAD_KERNELS)}, got {environ[HEAD_KERNEL_ENV]!r}")
-    return value
+    return choice_from_env(HEAD_KERNEL_ENV, HEAD_KERNELS, environ)
 
 
 def attention_isa_from_env(environ: Mapping[str, str] | None = None) -> str:
     """`$STRATA_ATTENTION_ISA`: the instruction set the fused decode attention runs. Unset,
     empty or `auto`: the best this CPU has (AVX-512, else AVX2); `avx2` forces the AVX2 path;
     anything else is an error."""
-    environ = os.environ if environ is None else environ
-    value = environ.get(ATTENTION_ISA_ENV, "").strip().lower() or "auto"
-    if value not in ATTENTION_ISAS:
-        raise ConfigError(f"${ATTENTION_ISA_ENV} must be one of {', '.join(ATTENTION_ISAS)}, "
-                          f"got {environ[ATTENTION_ISA_ENV]!r}")
-    return value
+    return choice_from_env(ATTENTION_ISA_ENV, ATTENTION_ISAS, environ)
 
 
 def prepared_cache_dir(environ: Mapping[str, str] | None = None) -> str | None:
