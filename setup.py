@@ -19,7 +19,7 @@ else:
     # decode_attention.cpp call them only where cpuid says the CPU has them.
     # -fopenmp: at::parallel_for runs on torch's OpenMP threads (the libgomp.so.1 torch loaded).
     ext_modules = [CppExtension("strata._decode_ops",
-                                ["strata/csrc/decode_ops.cpp", "strata/csrc/decode_attention.cpp",
+                                ["strata/csrc/decode_ops.cpp", "strata/csrc/decode_layer.cpp", "strata/csrc/decode_attention.cpp",
                                  "strata/csrc/quant_ops.cpp", "strata/csrc/quant_avx2.cpp",
                                  "strata/csrc/quant_vnni.cpp", "strata/csrc/attention_avx2.cpp",
                                  "strata/csrc/attention_avx512.cpp"],

@@ -17,7 +17,7 @@ torch's int8 kernel, where auto would read the file's head in place: AVX2-only C
 dense bf16; llama.cpp reads the file as it is.
 
     python benchmarks/decode.py [--model PATH] [--label TEXT] [--rounds 3] [--new 128] [--threads 2]
-                                [--strata auto,auto-x8,auto-int8head,native,dense,pool] [--peers transformers,llama.cpp] [--quick]
+                                [--strata auto,auto-x8,auto-int8head,auto-python-layers,native,dense,pool] [--peers transformers,llama.cpp] [--quick]
 
 `--quick` runs strata's `--weights auto` arm alone (no peer: transformers and llama.cpp are
 measured in full runs only, and the output says so) on a 32-token prompt, 4 new tokens, one round.
@@ -49,7 +49,8 @@ PARAGRAPH = (
 LANES = 8
 KV_CHUNK = 128  # each lane reserves about what it uses, as transformers' static cache does
 # --strata value -> arm
-STRATA_ARMS = {"auto": "strata", "auto-x8": "strata-x8", "auto-int8head": "strata-int8head", "native": "strata-native",
+STRATA_ARMS = {"auto": "strata", "auto-x8": "strata-x8", "auto-int8head": "strata-int8head",
+               "auto-python-layers": "strata-python-layers", "native": "strata-native",
                "dense": "strata-dense",
                "pool": "strata-pool"}
 PEERS = ("transformers", "llama.cpp")
@@ -59,6 +60,7 @@ def labels(label: str) -> dict[str, str]:
     return {"strata": f"strata {label} (--weights auto)", "strata-native": f"strata {label} (--weights native)",
             "strata-x8": f"strata {label} (--weights auto, STRATA_Q4_KERNEL=x8)",
             "strata-int8head": f"strata {label} (--weights auto, STRATA_HEAD_KERNEL=int8)",
+            "strata-python-layers": f"strata {label} (--weights auto, layers on their Python path)",
             "strata-dense": "strata dense bf16 (--weights dense)",
             "strata-pool": f"strata {label}, pool (--kv-pool-tokens)", "transformers": "transformers dense bf16",
             "llama.cpp": f"llama.cpp {label}"}
@@ -114,6 +116,9 @@ def arm_strata(args) -> dict:
                                  spec="off"),  # one token a step, as the peers decode (drafts: spec.py)
                     progress=False)
     load_s = time.perf_counter() - t0
+    if getattr(args, "python_layers", False):  # the layers' Python path at every step (models/fused_layer.py)
+        for layer in engine._model.layers:
+            layer.fused = None
 
     def run(prompts, max_tokens):
         """Seconds to the last lane's first token, and from there to the end."""
@@ -158,6 +163,12 @@ def arm_strata_int8head(args) -> dict:
     """The auto arm with the head's decode rows on torch's int8 kernel (models/head.py)."""
     os.environ["STRATA_HEAD_KERNEL"] = "int8"
     return arm_strata(args)
+
+
+def arm_strata_python_layers(args) -> dict:
+    """The auto arm with every layer on its Python path (the fused ops one call each) instead of
+    one extension call per layer at decode steps (models/fused_layer.py)."""
+    return arm_strata(argparse.Namespace(**{**vars(args), "python_layers": True}))
 
 
 def arm_strata_native(args) -> dict:
@@ -213,6 +224,7 @@ def arm_llamacpp(args) -> dict:
 
 
 ARMS = {"strata": arm_strata, "strata-x8": arm_strata_x8, "strata-int8head": arm_strata_int8head,
+        "strata-python-layers": arm_strata_python_layers,
         "strata-native": arm_strata_native,
         "strata-dense": arm_strata_dense,
         "strata-pool": arm_strata_pool, "transformers": arm_transformers, "llama.cpp": arm_llamacpp}

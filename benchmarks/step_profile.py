@@ -5,11 +5,13 @@
 The default model in bf16 (`--weights auto`), each lane at ~560 cells of context (a
 512-token prompt, then decoding), as in `../shared/notes/decode-step-profile.md`. For each
 lane count, one engine profiles `--steps` engine steps under `torch.profiler` with the
-fused decode ops (strata/csrc; its attention in the instruction set chosen at run time), on
+fused decode ops (strata/csrc; its attention in the instruction set chosen at run time; each
+layer one extension call, models/fused_layer.py), on
 CPUs with AVX-512 with the attention's AVX2 variant forced (arm "fused, AVX2 attention":
 what the AVX-512 variant adds), with the fused ops but decode attention through torch's
 SDPA reads (arm "fused, SDPA reads": what the fused attention kernel adds), and with them
-off (`STRATA_FUSED=0` semantics: the model's torch ops), and with the fused ops' calls (pybind
+off (`STRATA_FUSED=0` semantics: the model's torch ops), and with the fused ops' calls (every
+arm but "fused" runs the layers' Python path, the ops one call each; pybind
 calls, which torch's profiler does not see: the x8 projections, norms, attention) each under
 record_function (arm "fused, calls recorded", a second table: the step by group, and what no
 op accounts for: Python, dispatch, the scheduler), interleaved. The table lists, per arm, ms per step for the heaviest ops by
@@ -142,8 +144,11 @@ def run(lanes: int, steps: int, threads: int, prompt: int = 512, passes: int = 2
     out = {}
     import contextlib
 
+    forms = [layer.fused for layer in model.layers]  # one call per layer (models/fused_layer.py)
     for arm in arms * passes:
         model.ops = None if arm == "torch" else Recorded(ops) if arm == "fused, calls recorded" else ops
+        for layer, form in zip(model.layers, forms):  # only "fused" runs them: the others show the ops
+            layer.fused = form if arm == "fused" else None
         if arm == "fused, SDPA reads":  # the fused ops, but decode attention through torch's SDPA reads
             model.decode_attention_kernel = lambda kv_dtype: None
         if arm == "fused, AVX2 attention":
@@ -157,6 +162,8 @@ def run(lanes: int, steps: int, threads: int, prompt: int = 512, passes: int = 2
         if prev is None or wall < prev["ms_per_step"]:  # the quieter of two rounds
             out[arm] = {"ms_per_step": wall, "ops": by_op}
     engine._model.ops = ops
+    for layer, form in zip(model.layers, forms):
+        layer.fused = form
     return out
 
 

@@ -53,12 +53,10 @@ class DenseCells:
     def kernel_reads(self, dtype: torch.dtype) -> tuple[torch.Tensor, ...] | None:
         return (self.data,) if self.data.dtype == dtype else None
 
-    def fused_write(self, ops, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, v: DenseCells,
-                    index: torch.Tensor, num_heads: int, num_kv_heads: int) -> torch.Tensor | None:
-        k_view, v_view = self.kernel_view(qkv.dtype), v.kernel_view(qkv.dtype)
-        if k_view is None or v_view is None:
-            return None
-        return ops.rope_write(qkv, cos, sin, k_view, v_view, index, num_heads, num_kv_heads)
+    def write_targets(self, v: DenseCells, index: torch.Tensor, dtype: torch.dtype
+                      ) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], ...] | None:
+        k_view, v_view = self.kernel_view(dtype), v.kernel_view(dtype)
+        return None if k_view is None or v_view is None else ((k_view, v_view, index),)
 
     def zeros_like(self, num_cells: int, device: torch.device) -> DenseCells:
         heads, _, dim = self.data.shape

@@ -79,9 +79,8 @@ class Int8Cells:
     def kernel_reads(self, dtype: torch.dtype) -> tuple[torch.Tensor, ...] | None:
         return None
 
-    def fused_write(self, ops, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, v: Int8Cells,
-                    index: torch.Tensor, num_heads: int, num_kv_heads: int) -> torch.Tensor | None:
-        return None
+    def write_targets(self, v: Int8Cells, index: torch.Tensor, dtype: torch.dtype) -> None:
+        return None  # quantised on the write (`write`)
 
     def zeros_like(self, num_cells: int, device: torch.device) -> Int8Cells:
         heads, _, dim = self.data.shape

@@ -45,12 +45,13 @@ class Cells(Protocol):
         [kv_heads, cells, head_dim], or two whose flat cells continue each other (the second's
         cell 0 is the first's cell count: the ring's staging after its arena); None otherwise."""
 
-    def fused_write(self, ops, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, v: Cells,
-                    index: torch.Tensor, num_heads: int, num_kv_heads: int) -> torch.Tensor | None:
-        """With the fused CPU ops (models/fused.py): rotate q and k of `qkv` [tokens, (heads + 2 *
-        kv_heads) * head_dim], write k into these cells and v into `v` at `index`, in one pass;
-        returns q [tokens, heads, head_dim], or None where the cells cannot be written so (the
-        caller then rotates and writes through `write`)."""
+    def write_targets(self, v: Cells, index: torch.Tensor, dtype: torch.dtype
+                      ) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], ...] | None:
+        """Where the fused rope-write (models/fused.py `rope_write`) stores the step's new K (here)
+        and V (`v`) at `index` in place: (k storage, v storage, cells) per copy, storages
+        [kv_heads, cells, head_dim] in `dtype`; the pool's storage, or the ring's arena (or
+        staging) and the pool's copy. None where these cells cannot be written so (the caller
+        then rotates and writes through `write`)."""
 
     def zeros_like(self, num_cells: int, device: torch.device) -> Cells:
         """Zeroed cells of this kind and geometry, `num_cells` of them, on `device`."""

@@ -23,7 +23,9 @@ class RingCells:
         staging: Cells,  # [kv_heads, >= S, head_dim] the device's staging buffer
         host: Cells,  # [kv_heads, pool cells, head_dim] this layer's pool storage
         host_index: Tensor,  # [tokens] the pool cell of each new token (on the host)
-        writes: tuple[Tensor, Tensor, Tensor, Tensor],  # rows and cells in the arena, rows and cells in staging
+        # rows and cells in the arena, rows and cells in staging, then each row's arena cell and
+        # staging cell [tokens] (-1: not written there)
+        writes: tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor],
         writeback: list | None,  # None: write the host now; else (host, index, x on host) for finish()
     ):
         self.arena = arena
@@ -58,7 +60,7 @@ class RingCells:
         raise TypeError("reads through the ring are slices of one buffer")
 
     def kernel_view(self, dtype: torch.dtype) -> Tensor | None:
-        """None: the virtual space is two buffers; writes go through `fused_write`, reads through
+        """None: the virtual space is two buffers; writes go through `write_targets`, reads through
         `kernel_reads`."""
         return None
 
@@ -72,7 +74,7 @@ class RingCells:
     def write(self, index: Tensor, x: Tensor) -> None:
         """x [kv_heads, len(index), head_dim] into virtual cells `index` (split by the step
         beforehand into `writes`, so no device sync here) and into its pool cells."""
-        arena_rows, arena_cells, staged_rows, staged_cells = self.writes
+        arena_rows, arena_cells, staged_rows, staged_cells = self.writes[:4]
         if arena_rows.numel() == x.shape[1]:
             self.arena.write(arena_cells, x)
         else:
@@ -84,27 +86,27 @@ class RingCells:
         else:  # an accelerator: the host copy is written once the step's forward is done
             self.writeback.append((self.host, self.host_index, x.to("cpu", non_blocking=True)))
 
-    def fused_write(self, ops, qkv: Tensor, cos: Tensor, sin: Tensor, v: RingCells, index: Tensor,
-                    num_heads: int, num_kv_heads: int) -> Tensor | None:
-        """The fused rope and write (cells/protocol.py) when every new cell is in the arena, or
-        every one in staging (a lane whose newest page streams), and the buffers and pool are
-        stored in qkv's dtype (the step's own write index; `index` is the virtual one); else None."""
-        arena_rows, arena_cells, staged_rows, staged_cells = self.writes
+    def write_targets(self, v: RingCells, index: Tensor, dtype: torch.dtype
+                      ) -> tuple[tuple[Tensor, Tensor, Tensor], ...] | None:
+        """The pool's copy, and the arena and staging where some new cell lies in them (each
+        with its cell per row, -1 for rows written to the other), when the host is written now
+        (not by an accelerator's writeback) and everything is stored in `dtype` (`index` is the
+        virtual one: the step split it into `writes`); else None."""
         if self.writeback is not None:
             return None
-        if arena_rows.numel() == qkv.shape[0]:
-            device, cells = (self.arena, v.arena), arena_cells
-        elif staged_rows.numel() == qkv.shape[0]:
-            device, cells = (self.staging, v.staging), staged_cells
-        else:
-            return None
-        views = [t.kernel_view(qkv.dtype) for t in (*device, self.host, v.host)]
-        if any(t is None for t in views):
-            return None
-        k_dev, v_dev, k_host, v_host = views
-        q = ops.rope_write(qkv, cos, sin, k_dev, v_dev, cells, num_heads, num_kv_heads)
-        ops.rope_write(qkv, cos, sin, k_host, v_host, self.host_index, num_heads, num_kv_heads)  # the pool's copy
-        return q
+        arena_rows, _, staged_rows, _, arena_index, staged_index = self.writes
+        pairs = [(self.host, v.host, self.host_index)]
+        if arena_rows.numel():
+            pairs.append((self.arena, v.arena, arena_index))
+        if staged_rows.numel():
+            pairs.append((self.staging, v.staging, staged_index))
+        targets = []
+        for k_cells, v_cells, cells in pairs:
+            k_view, v_view = k_cells.kernel_view(dtype), v_cells.kernel_view(dtype)
+            if k_view is None or v_view is None:
+                return None
+            targets.append((k_view, v_view, cells))
+        return tuple(targets)
 
     def zeros_like(self, num_cells: int, device: torch.device) -> Cells:
         return self.arena.zeros_like(num_cells, device)

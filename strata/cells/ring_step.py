@@ -60,9 +60,12 @@ class RingStep:
         self.host_write_index = host_write_index  # [tokens] on the host
         self.write_index = write_index  # [tokens] virtual cells (cells/ring_cells.py), on the host
         in_arena = write_index < pages.num_arena_cells
-        # (rows, cells) written in the arena, and in staging (cells from its start), per device
-        split = (in_arena.nonzero().view(-1), write_index[in_arena],
-                 (~in_arena).nonzero().view(-1), write_index[~in_arena] - pages.num_arena_cells)
+        staged = write_index - pages.num_arena_cells
+        # (rows, cells) written in the arena, and in staging (cells from its start), then each
+        # buffer's cell per row (-1: not written there: the fused rope-write's skip), per device
+        none = torch.full_like(write_index, -1)
+        split = (in_arena.nonzero().view(-1), write_index[in_arena], (~in_arena).nonzero().view(-1), staged[~in_arena],
+                 torch.where(in_arena, write_index, none), torch.where(in_arena, none, staged))
         self._writes = {d: tuple(t.to(d, non_blocking=True) for t in split) for d in ring.devices}
         self.plan = plan
         self.writeback: list | None = [] if ring.is_accelerated else None

@@ -4,11 +4,14 @@
 // dispatch and round trips than in work. These do the same arithmetic in one pass each:
 //   rms_norm(x, w, eps)                    y = x / sqrt(mean(x^2) + eps) * w, float accumulation
 //   add_rms_norm(x, d, w, eps)             x += d (in place), then y = rms_norm(x)
-//   rope_write(qkv, cos, sin, k_cache, v_cache, write_index, heads, kv_heads)
+//   rope_write(qkv, cos, sin, k_caches, v_caches, write_indices, heads, kv_heads)
 //       qkv [tokens, (heads + 2 kv_heads) dim]: rotates q and k (rotate-half, cos/sin
-//       [tokens, dim / 2]), writes k and v into cell write_index[t] of the caches
-//       [kv_heads, cells, dim], returns q [tokens, heads, dim]
+//       [tokens, dim / 2]), writes k and v into cell write_indices[j][t] of every pair of
+//       caches k_caches[j], v_caches[j] [kv_heads, cells, dim] (the ring's arena or staging and
+//       the pool's copy: one rotation, several stores; a cell of -1: token t is not stored
+//       in that copy), returns q [tokens, heads, dim]
 //   silu_mul(gate_up)                      gate_up [rows, 2 n] -> silu(gate) * up [rows, n]
+//   DecodeLayer: a decoder layer's decode step from these ops in one call (decode_layer.cpp)
 //   decode_attention(q, k_cache, v_cache, spans, row_spans, scale, k_more=None, v_more=None)
 //       (decode_attention.cpp; k_more/v_more: a second storage past the first's cells)
 //   attention_isa, attention_isas, set_attention_isa: its instruction set (AVX-512 or AVX2)
@@ -25,17 +28,9 @@
 #include <cstring>
 #include <vector>
 
+#include "decode_ops.h"
 #include "quant_ops.h"
 #include "vec.h"
-
-namespace strata {
-torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor spans,
-                               torch::Tensor row_spans, double scale, c10::optional<torch::Tensor> k_more,
-                               c10::optional<torch::Tensor> v_more);
-std::string attention_isa();
-std::vector<std::string> attention_isas();
-void set_attention_isa(const std::string& name);
-}  // namespace strata
 
 namespace {
 
@@ -50,6 +45,10 @@ void rms_row(const T* x, const T* w, T* y, int64_t n, float eps) {
   // As torch's rms_norm: normalise in float32, round to T, then multiply by the weight.
   for (int64_t i = 0; i < n; ++i) y[i] = static_cast<T>(static_cast<float>(static_cast<T>(to_f(x[i]) * inv)) * to_f(w[i]));
 }
+
+}  // namespace
+
+namespace strata {
 
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
   auto y = torch::empty_like(x);
@@ -85,21 +84,36 @@ torch::Tensor add_rms_norm(torch::Tensor x, torch::Tensor d, torch::Tensor w, do
   return y;
 }
 
-torch::Tensor rope_write(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, torch::Tensor k_cache,
-                         torch::Tensor v_cache, torch::Tensor write_index, int64_t heads, int64_t kv_heads) {
-  const int64_t tokens = qkv.size(0), dim = k_cache.size(2), half = dim / 2;
+torch::Tensor rope_write(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, std::vector<torch::Tensor> k_caches,
+                         std::vector<torch::Tensor> v_caches, std::vector<torch::Tensor> write_indices, int64_t heads,
+                         int64_t kv_heads) {
+  const size_t copies = k_caches.size();
+  TORCH_CHECK(copies > 0 && v_caches.size() == copies && write_indices.size() == copies, "rope_write: destinations");
+  const int64_t tokens = qkv.size(0), dim = k_caches[0].size(2), half = dim / 2;
   TORCH_CHECK(qkv.size(1) == (heads + 2 * kv_heads) * dim && qkv.stride(1) == 1, "rope_write: qkv shape");
-  TORCH_CHECK(k_cache.stride(2) == 1 && v_cache.stride(2) == 1, "rope_write: cache layout");
+  std::vector<const int64_t*> cells(copies);
+  for (size_t j = 0; j < copies; ++j) {
+    TORCH_CHECK(k_caches[j].stride(2) == 1 && v_caches[j].stride(2) == 1 && k_caches[j].size(2) == dim &&
+                    v_caches[j].size(2) == dim, "rope_write: cache layout");
+    TORCH_CHECK(k_caches[j].scalar_type() == qkv.scalar_type() && v_caches[j].scalar_type() == qkv.scalar_type(),
+                "rope_write: cache dtype");
+    TORCH_CHECK(write_indices[j].scalar_type() == at::kLong && write_indices[j].is_contiguous() &&
+                    write_indices[j].numel() == tokens, "rope_write: write index");
+    cells[j] = write_indices[j].data_ptr<int64_t>();
+    const int64_t size = k_caches[j].size(1);
+    for (int64_t t = 0; t < tokens; ++t)
+      TORCH_CHECK(cells[j][t] >= -1 && cells[j][t] < size, "rope_write: cell ", cells[j][t], " outside [0, ", size, ")");
+  }
   auto q = torch::empty({tokens, heads, dim}, qkv.options());
-  const int64_t* cells = write_index.data_ptr<int64_t>();
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, qkv.scalar_type(), "rope_write", [&] {
     const scalar_t* x = qkv.data_ptr<scalar_t>();
     const scalar_t* c = cos.data_ptr<scalar_t>();
     const scalar_t* s = sin.data_ptr<scalar_t>();
     scalar_t* qp = q.data_ptr<scalar_t>();
-    scalar_t* kc = k_cache.data_ptr<scalar_t>();
-    scalar_t* vc = v_cache.data_ptr<scalar_t>();
+    std::vector<scalar_t*> kc(copies), vc(copies);
+    for (size_t j = 0; j < copies; ++j) kc[j] = k_caches[j].data_ptr<scalar_t>(), vc[j] = v_caches[j].data_ptr<scalar_t>();
     at::parallel_for(0, tokens, 16, [&](int64_t begin, int64_t end) {
+      std::vector<scalar_t> rotated(dim);
       for (int64_t t = begin; t < end; ++t) {
         const scalar_t* xt = x + t * qkv.stride(0);
         const scalar_t* ct = c + t * cos.stride(0);
@@ -107,17 +121,23 @@ torch::Tensor rope_write(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin
         // Rotate-half on every q and k head: [x1, x2] -> [x1 cos - x2 sin, x2 cos + x1 sin].
         for (int64_t h = 0; h < heads + kv_heads; ++h) {
           const scalar_t* in = xt + h * dim;
-          scalar_t* out = h < heads ? qp + (t * heads + h) * dim
-                                    : kc + (h - heads) * k_cache.stride(0) + cells[t] * k_cache.stride(1);
+          scalar_t* out = h < heads ? qp + (t * heads + h) * dim : rotated.data();
           for (int64_t i = 0; i < half; ++i) {
             const float a = to_f(in[i]), b = to_f(in[i + half]), cc = to_f(ct[i]), ss = to_f(st[i]);
             out[i] = static_cast<scalar_t>(a * cc - b * ss);
             out[i + half] = static_cast<scalar_t>(b * cc + a * ss);
           }
+          if (h < heads) continue;
+          for (size_t j = 0; j < copies; ++j)
+            if (cells[j][t] >= 0)
+              std::memcpy(kc[j] + (h - heads) * k_caches[j].stride(0) + cells[j][t] * k_caches[j].stride(1), out,
+                          dim * sizeof(scalar_t));
         }
         const scalar_t* vt = xt + (heads + kv_heads) * dim;
-        for (int64_t h = 0; h < kv_heads; ++h)
-          std::memcpy(vc + h * v_cache.stride(0) + cells[t] * v_cache.stride(1), vt + h * dim, dim * sizeof(scalar_t));
+        for (size_t j = 0; j < copies; ++j)
+          for (int64_t h = 0; h < kv_heads && cells[j][t] >= 0; ++h)
+            std::memcpy(vc[j] + h * v_caches[j].stride(0) + cells[j][t] * v_caches[j].stride(1), vt + h * dim,
+                        dim * sizeof(scalar_t));
       }
     });
   });
@@ -161,13 +181,14 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
   return y;
 }
 
-}  // namespace
+}  // namespace strata
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("rms_norm", &rms_norm);
-  m.def("add_rms_norm", &add_rms_norm);
-  m.def("rope_write", &rope_write);
-  m.def("silu_mul", &silu_mul);
+  m.def("rms_norm", &strata::rms_norm);
+  m.def("add_rms_norm", &strata::add_rms_norm);
+  m.def("rope_write", &strata::rope_write);
+  m.def("silu_mul", &strata::silu_mul);
+  strata::bind_decode_layer(m);
   m.def("decode_attention", &strata::decode_attention, py::arg("q"), py::arg("k_cache"), py::arg("v_cache"),
         py::arg("spans"), py::arg("row_spans"), py::arg("scale"), py::arg("k_more") = py::none(),
         py::arg("v_more") = py::none());

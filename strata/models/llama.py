@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from strata.models.attention import AttentionMeta, attend, attend_written
 from strata.models.config import ModelConfig
 from strata.models.fused import load_decode_ops
+from strata.models.fused_layer import FusedDecodeLayer
 from strata.models.head import make_head
 from strata.models.layers import Embedding, RMSNorm, Rotary, apply_rotary, rope_inv_freq, silu_mul
 from strata.models.linear import fused_linear
@@ -65,6 +66,14 @@ class DecoderLayer:
             self.k_norm = RMSNorm(get("self_attn.k_norm.weight"), cfg.rms_norm_eps)
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
+        self.fused: FusedDecodeLayer | None = None  # set by prepare_runtime
+
+    def prepare_runtime(self, ops) -> None:
+        """The layer's one-call decode form with the fused ops `ops` (None: none)."""
+        self.fused = FusedDecodeLayer.build(self, ops)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "fused": None}  # the extension's object is remade by prepare_runtime
 
     def init_mlp(self, w: MutableMapping[str, torch.Tensor | QuantWeight], i: int, weight_mode: str) -> None:
         """The MLP's projections, taken out of `w` (a MoE layer overrides this and `ffn`)."""
@@ -93,13 +102,21 @@ class DecoderLayer:
         kinds: RowKinds | None = None,  # which rows are decode rows (models/rows.py); None: all
     ) -> torch.Tensor:
         cfg = self.cfg
+        if self.fused is not None:  # the whole layer in one call where the step allows (fused_layer.py)
+            y = self.fused(x, cos, sin, k_cache, v_cache, meta, kinds)
+            if y is not None:
+                return y
         qkv = self.qkv(self.input_norm(x, ops), kinds)
         q = None
+        targets = None
         if ops is not None and self.q_norm is None and qkv.is_contiguous():
+            targets = k_cache.write_targets(v_cache, meta.write_index, qkv.dtype)
+        if targets is not None:
             # One pass: q and k rotated, k and v written to their cells (no qk norm; where the
             # cells allow it; `ops` is set only on the CPU).
-            q = k_cache.fused_write(ops, qkv, cos.squeeze(1), sin.squeeze(1), v_cache, meta.write_index,
-                                    cfg.num_heads, cfg.num_kv_heads)
+            k_dests, v_dests, indices = (list(t) for t in zip(*targets))
+            q = ops.rope_write(qkv, cos.squeeze(1), sin.squeeze(1), k_dests, v_dests, indices,
+                               cfg.num_heads, cfg.num_kv_heads)
         if q is not None:
             a = attend_written(q, k_cache, v_cache, meta)
         else:
@@ -167,6 +184,9 @@ class LlamaModel:
         and (`fused`) the fused decode ops where every layer is on the CPU (else None: torch ops)."""
         self.rotary = {d: Rotary(self.inv_freq, max_positions, self.dtype, d) for d in self.devices}
         self.ops = load_decode_ops(fused) if all(d.type == "cpu" for d in self.devices) else None
+        for layer in self.layers:
+            if isinstance(layer, DecoderLayer):
+                layer.prepare_runtime(self.ops)
         self.bank = None  # where MoE layers run their experts (models/expert_bank.py; MoeModel sets it)
 
     @property

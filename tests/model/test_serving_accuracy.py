@@ -40,6 +40,7 @@ from gguf import GGMLQuantizationType as QT
 
 from strata.config import EngineConfig, q4_kernel_from_env
 from strata.engine.engine import Engine
+from strata.models.fused_layer import FusedDecodeLayer
 from strata.models.head import Int8Head, Int8Rows, QuantHead
 from strata.models.q4x8 import RECORD, X8Matmul
 from strata.models.quant import QuantMatmul, QuantWeight
@@ -192,6 +193,8 @@ def test_a_broken_scale_or_head_falls_outside_the_bounds(engine, sequences, refe
                 monkeypatch.setattr(proj, "x8", scale_off_x8(proj.x8))
             else:
                 monkeypatch.setattr(proj, "int4", scale_off(proj.int4))
+        for layer in model.layers:  # the layers' one-call forms read the broken kernels too
+            monkeypatch.setattr(layer, "fused", FusedDecodeLayer.build(layer, model.ops))
     elif isinstance(model.lm_head, QuantHead):
         monkeypatch.setattr(model.lm_head, "quant", codes_toward_zero(model.lm_head.quant))
     else:

@@ -72,8 +72,20 @@ def test_rotary_rotates_q_and_k_and_the_write_puts_k_and_v_in_their_cells(decode
     cells = torch.tensor([3, 11, 12, 40, 0])
     k_cells, v_cells = (DenseCells.zeros(kv_heads, 48, dim, dtype, torch.device("cpu")) for _ in range(2))
     v = qkv[:, (heads + kv_heads) * dim :].view(tokens, kv_heads, dim)
+    # a second copy at other cells (the ring's arena beside the pool): one rotation, stored
+    # twice; token 1 is not stored in it (cell -1: written to another buffer)
+    k_copy, v_copy = (DenseCells.zeros(kv_heads, 20, dim, dtype, torch.device("cpu")) for _ in range(2))
+    copy_cells = torch.tensor([19, -1, 3, 7, 11])
+    stored = copy_cells >= 0
     if decode_path == "fused":  # one pass: q returned, k and v written (models/llama.py)
-        q = k_cells.fused_write(path_ops, qkv, cos.squeeze(1), sin.squeeze(1), v_cells, cells, heads, kv_heads)
+        (k_view, v_view, index), = k_cells.write_targets(v_cells, cells, dtype)
+        q = path_ops.rope_write(qkv, cos.squeeze(1), sin.squeeze(1), [k_view, k_copy.data], [v_view, v_copy.data],
+                                [index, copy_cells], heads, kv_heads)
+        assert torch.equal(k_copy.data[:, copy_cells[stored]], k_cells.data[:, cells[stored]])
+        assert torch.equal(v_copy.data[:, copy_cells[stored]], v_cells.data[:, cells[stored]])
+        others = torch.ones(20, dtype=torch.bool)
+        others[copy_cells[stored]] = False
+        assert (k_copy.data[:, others] == 0).all() and (v_copy.data[:, others] == 0).all()
     else:  # the layer's torch path: q and k rotated side by side, then attention.attend's writes
         qk = apply_rotary(qkv[:, : (heads + kv_heads) * dim].view(tokens, -1, dim), cos, sin)
         q = qk[:, :heads]

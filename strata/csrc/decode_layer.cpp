@@ -1,0 +1,84 @@
+// DecodeLayer: one decoder layer of the Llama family at decode rows, in one call.
+//
+// The same ops in the same order as the layer's Python path with the fused ops
+// (strata/models/llama.py DecoderLayer.__call__, every projection through its x8 form), so its
+// output is bit-identical to that path's; what goes is the Python and the dispatch between them:
+//   h = rms_norm(x); qkv = h W_qkv^T (+ b); q = rope_write(qkv -> every K/V destination);
+//   a = decode_attention(q over the K/V reads); x += a W_o^T (+ b); h = rms_norm(x);
+//   returns x + silu_mul(h W_gate_up^T) W_down^T.
+// x [rows, hidden] is updated in place (the residual after attention), as add_rms_norm does.
+
+#include <torch/extension.h>
+
+#include <vector>
+
+#include "decode_ops.h"
+#include "quant_ops.h"
+
+namespace strata {
+
+namespace {
+
+torch::Tensor project(const Quant4x8Linear& w, const c10::optional<torch::Tensor>& bias, const torch::Tensor& x) {
+  torch::Tensor y = w.forward(x);
+  return bias.has_value() ? y + *bias : y;
+}
+
+}  // namespace
+
+class DecodeLayer {
+ public:
+  DecodeLayer(torch::Tensor input_norm, torch::Tensor post_norm, double eps, Quant4x8Linear qkv,
+              c10::optional<torch::Tensor> qkv_bias, Quant4x8Linear o, c10::optional<torch::Tensor> o_bias,
+              Quant4x8Linear gate_up, Quant4x8Linear down, int64_t heads, int64_t kv_heads, int64_t head_dim)
+      : input_norm_(std::move(input_norm)), post_norm_(std::move(post_norm)), eps_(eps), qkv_(std::move(qkv)),
+        qkv_bias_(std::move(qkv_bias)), o_(std::move(o)), o_bias_(std::move(o_bias)), gate_up_(std::move(gate_up)),
+        down_(std::move(down)), heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim) {
+    const int64_t hidden = input_norm_.size(0);
+    TORCH_CHECK(qkv_.in_features() == hidden && qkv_.out_features() == (heads + 2 * kv_heads) * head_dim,
+                "DecodeLayer: qkv is [", (heads + 2 * kv_heads) * head_dim, ", ", hidden, "]");
+    TORCH_CHECK(o_.in_features() == heads * head_dim && o_.out_features() == hidden, "DecodeLayer: o shape");
+    TORCH_CHECK(gate_up_.in_features() == hidden && gate_up_.out_features() == 2 * down_.in_features() &&
+                    down_.out_features() == hidden, "DecodeLayer: MLP shapes");
+  }
+
+  // x [rows, hidden]; cos, sin [rows, head_dim / 2]; k_dests[j], v_dests[j] written at indices[j];
+  // k_reads, v_reads: one storage, or two whose cells continue each other (decode_attention).
+  torch::Tensor forward(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, std::vector<torch::Tensor> k_dests,
+                        std::vector<torch::Tensor> v_dests, std::vector<torch::Tensor> indices,
+                        std::vector<torch::Tensor> k_reads, std::vector<torch::Tensor> v_reads, torch::Tensor spans,
+                        torch::Tensor row_spans, double scale) const {
+    TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) == input_norm_.size(0), "DecodeLayer: x [rows, hidden]");
+    TORCH_CHECK((k_reads.size() == 1 || k_reads.size() == 2) && v_reads.size() == k_reads.size(),
+                "DecodeLayer: one or two K/V storages to read");
+    const int64_t rows = x.size(0);
+    torch::Tensor qkv = project(qkv_, qkv_bias_, rms_norm(x, input_norm_, eps_));
+    torch::Tensor q = rope_write(qkv, cos, sin, std::move(k_dests), std::move(v_dests), std::move(indices), heads_,
+                                 kv_heads_);
+    c10::optional<torch::Tensor> k_more, v_more;
+    if (k_reads.size() == 2) k_more = k_reads[1], v_more = v_reads[1];
+    torch::Tensor a = decode_attention(q, k_reads[0], v_reads[0], spans, row_spans, scale, k_more, v_more);
+    torch::Tensor h = add_rms_norm(x, project(o_, o_bias_, a.view({rows, heads_ * head_dim_})), post_norm_, eps_);
+    return x + down_.forward(silu_mul(gate_up_.forward(h)));
+  }
+
+ private:
+  torch::Tensor input_norm_, post_norm_;  // [hidden]
+  double eps_;
+  Quant4x8Linear qkv_;
+  c10::optional<torch::Tensor> qkv_bias_;
+  Quant4x8Linear o_;
+  c10::optional<torch::Tensor> o_bias_;
+  Quant4x8Linear gate_up_, down_;
+  int64_t heads_, kv_heads_, head_dim_;
+};
+
+void bind_decode_layer(pybind11::module_& m) {
+  pybind11::class_<DecodeLayer>(m, "DecodeLayer")
+      .def(pybind11::init<torch::Tensor, torch::Tensor, double, Quant4x8Linear, c10::optional<torch::Tensor>,
+                          Quant4x8Linear, c10::optional<torch::Tensor>, Quant4x8Linear, Quant4x8Linear, int64_t,
+                          int64_t, int64_t>())
+      .def("__call__", &DecodeLayer::forward);
+}
+
+}  // namespace strata

@@ -1,0 +1,26 @@
+// The fused decode ops (decode_ops.cpp, decode_attention.cpp) as C++ functions, for the module's
+// bindings and for DecodeLayer (decode_layer.cpp), which chains them.
+#pragma once
+
+#include <torch/extension.h>
+
+#include <string>
+#include <vector>
+
+namespace strata {
+
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps);
+torch::Tensor add_rms_norm(torch::Tensor x, torch::Tensor d, torch::Tensor w, double eps);
+torch::Tensor rope_write(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, std::vector<torch::Tensor> k_caches,
+                         std::vector<torch::Tensor> v_caches, std::vector<torch::Tensor> write_indices, int64_t heads,
+                         int64_t kv_heads);
+torch::Tensor silu_mul(torch::Tensor gate_up);
+torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor spans,
+                               torch::Tensor row_spans, double scale, c10::optional<torch::Tensor> k_more,
+                               c10::optional<torch::Tensor> v_more);
+std::string attention_isa();
+std::vector<std::string> attention_isas();
+void set_attention_isa(const std::string& name);
+void bind_decode_layer(pybind11::module_& m);
+
+}  // namespace strata

@@ -1,0 +1,107 @@
+"""A decoder layer's decode step in one extension call (models/fused_layer.py) is the layer's
+Python path, bit for bit: a property over layouts.
+
+The default model in bfloat16 with `--weights auto` (every projection reads its x8 form at
+decode rows), lanes decoding together in reserved or pooled chunks of 16 or 64 cells,
+without a ring, through a ring that holds everything and through rings of one or two
+16-cell pages (the newest page streams, so new K/V goes to staging): the same engine runs
+the same requests with its layers' one-call forms and without them, and every step's
+logits are equal, not close. The one-call form runs at every decode step it can take.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from strata.config import EngineConfig
+from strata.engine.engine import Engine
+from strata.sampling import SamplingParams
+from tests.conftest import FUSED_ONLY
+from tests.model.engine_runs import run_requests
+
+pytestmark = pytest.mark.skipif(not FUSED_ONLY, reason="the one-call layer is made of the fused ops (AVX2)")
+
+MAX_CONTEXT = 128
+NEW = 6
+GREEDY = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def engines(gguf_path, decode_ops, quant_ops):
+    @functools.cache
+    def get(pooled: bool, chunk: int, ring_pages: int | None) -> Engine:
+        pool = {"kv_pool_tokens": 3 * (MAX_CONTEXT // chunk + 1) * chunk} if pooled else {}
+        ring = {}
+        if ring_pages is not None:
+            ring = {"kv_resident": ring_pages * 16 if ring_pages else MAX_CONTEXT, "kv_page": 16,
+                    "kv_ring_adapt": False}
+        return Engine(EngineConfig(model=gguf_path, dtype="bfloat16", weights="auto", max_context=MAX_CONTEXT,
+                                   kv_chunk=chunk, batch=2, prefill_chunk=24, spec="off", **pool, **ring),
+                      progress=False)
+
+    return get
+
+
+def recorded(engine: Engine, prompts: list[list[int]], one_call: bool) -> tuple[list, list, int]:
+    """(tokens, every forward's logits, steps whose layers all ran in one call each), with the
+    layers' one-call forms or without them."""
+    model = engine._model
+    forms = [layer.fused for layer in model.layers]
+    calls = [0]
+
+    def counted(form):
+        def call(*args):
+            y = form(*args)
+            calls[0] += y is not None
+            return y
+        return call
+
+    logits = []
+
+    def forward(*args):
+        out = type(model).forward(model, *args)
+        logits.append(out.clone())
+        return out
+
+    engine._scheduler.clear_cache()
+    for layer, form in zip(model.layers, forms):
+        layer.fused = counted(form) if one_call else None
+    model.forward = forward
+    try:
+        tokens = run_requests(engine, prompts, GREEDY, lambda e: e._ring is not None and e._ring.check())
+    finally:
+        del model.forward
+        for layer, form in zip(model.layers, forms):
+            layer.fused = form
+    return tokens, logits, calls[0] // len(model.layers)
+
+
+def test_the_default_model_has_a_one_call_form_only_where_it_reads_x8(engines, gguf_path):
+    auto = engines(False, 16, None)
+    assert all(layer.fused is not None for layer in auto._model.layers)
+    for dtype, weights in (("float32", "auto"), ("bfloat16", "dense")):
+        e = Engine(EngineConfig(model=gguf_path, dtype=dtype, weights=weights, max_context=64), progress=False)
+        assert all(layer.fused is None for layer in e._model.layers)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pooled=st.booleans(), chunk=st.sampled_from([16, 64]), ring=st.sampled_from([None, 0, 1, 2]),
+       lengths=st.lists(st.integers(1, 70), min_size=1, max_size=3), seed=st.integers(0, 2**16))
+def test_the_one_call_layer_is_the_python_path_bit_for_bit(engines, pooled, chunk, ring, lengths, seed):
+    engine = engines(pooled, chunk, ring)
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(3, 40000, (n,), generator=g).tolist() for n in lengths]
+    want_tokens, want_logits, none = recorded(engine, prompts, one_call=False)
+    got_tokens, got_logits, steps = recorded(engine, prompts, one_call=True)
+    assert none == 0
+    assert got_tokens == want_tokens
+    assert len(got_logits) == len(want_logits)
+    assert all(torch.equal(a, b) for a, b in zip(got_logits, want_logits))
+    # every step after the prompts is a decode step of at most 3 rows: each ran in one call
+    # (a step with prompt rows beside decode rows takes the Python path)
+    assert steps >= NEW - 1
