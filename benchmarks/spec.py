@@ -101,6 +101,10 @@ def main() -> int:
     if a.cost_cycles:
         for lanes in a.cost_lane_counts:
             c = draft_cost.measure(arms[SPEC], prompts["repeat"][:lanes], a.cost_k, a.cost_cycles)
+            if c is None:
+                print(f"  DRAFT_COST at {lanes} lane(s): no step took drafts (the lanes fill a step's rows)",
+                      file=sys.stderr)
+                continue
             costs.append(c)
             print(f"  DRAFT_COST at {lanes} lane(s): slope {c['draft_cost']:.3f}", file=sys.stderr)
     elapsed = time.perf_counter() - t0

@@ -46,9 +46,10 @@ def _fixed_planner(engine, max_k: int, seed: int):
     return FixedK, FixedPlanner(max_k, old.layout, old.max_context, old.max_step_rows, RandomDrafter()), old
 
 
-def measure(arm, prompts: list[list[int]], max_k: int, cycles: int, seed: int = 5) -> dict:
+def measure(arm, prompts: list[list[int]], max_k: int, cycles: int, seed: int = 5) -> dict | None:
     """`arm`: the spec arm (arm.py); `prompts`: one per lane; `cycles` steps at each k in
-    0..max_k. Returns the step medians by k, the ratios, the slope and the raw step times."""
+    0..max_k. Returns the step medians by k, the ratios, the slope and the raw step times; None
+    where no step could take drafts (the lanes fill a step's row limit: planner.py)."""
     from strata.sampling import SamplingParams
 
     engine = arm.engine
@@ -81,6 +82,8 @@ def measure(arm, prompts: list[list[int]], max_k: int, cycles: int, seed: int = 
     med = {k: statistics.median(v) for k, v in steps.items() if v}
     ratio = {k: med[k] / med[0] for k in med}
     xs = [k for k in ratio if k > 0]
+    if not xs:  # no step took drafts: the lanes alone fill the rows a step may have (planner.py)
+        return None
     slope = sum(k * (ratio[k] - 1) for k in xs) / sum(k * k for k in xs)
     return {"lanes": len(prompts), "cycles": cycles, "step_ms": {k: v * 1e3 for k, v in med.items()},
             "ratio": ratio, "draft_cost": slope, "samples": {k: len(v) for k, v in steps.items()},
