@@ -1,8 +1,9 @@
 // DecodeLayer: one decoder layer of the Llama family at decode rows, in one call.
 //
 // The same ops in the same order as the layer's Python path with the fused ops
-// (strata/models/llama.py DecoderLayer.__call__, every projection through its x8 form), so its
-// output is bit-identical to that path's; what goes is the Python and the dispatch between them:
+// (strata/models/llama.py DecoderLayer.__call__, every projection through its quantized form:
+// the x8 pack or the file's blocks), so its output is bit-identical to that path's; what goes
+// is the Python and the dispatch between them:
 //   h = rms_norm(x); qkv = h W_qkv^T (+ b); q = rope_write(qkv -> every K/V destination);
 //   a = decode_attention(q over the K/V reads); x += a W_o^T (+ b); h = rms_norm(x);
 //   returns x + silu_mul(h W_gate_up^T) W_down^T.
@@ -19,21 +20,39 @@ namespace strata {
 
 namespace {
 
-torch::Tensor project(const Quant4x8Linear& w, const c10::optional<torch::Tensor>& bias, const torch::Tensor& x) {
-  torch::Tensor y = w.forward(x);
-  return bias.has_value() ? y + *bias : y;
-}
+// One projection's quantized form as Python's Linear reads it at decode rows: the x8 pack
+// (Quant4x8Linear), or the file's blocks (QuantLinear: 8-bit activations for bfloat16 x,
+// exact float32 otherwise), plus its bias.
+class Projection {
+ public:
+  Projection(const pybind11::object& form, c10::optional<torch::Tensor> bias) : bias_(std::move(bias)) {
+    if (pybind11::isinstance<Quant4x8Linear>(form)) x8_ = form.cast<Quant4x8Linear>();
+    else blocks_ = form.cast<QuantLinear>();
+  }
+  int64_t in_features() const { return x8_ ? x8_->in_features() : blocks_->in_features(); }
+  int64_t out_features() const { return x8_ ? x8_->out_features() : blocks_->out_features(); }
+  torch::Tensor operator()(const torch::Tensor& x) const {
+    torch::Tensor y = x8_ ? x8_->forward(x) : blocks_->forward(x, x.scalar_type() != at::kFloat);
+    return bias_.has_value() ? y + *bias_ : y;
+  }
+
+ private:
+  c10::optional<Quant4x8Linear> x8_;
+  c10::optional<QuantLinear> blocks_;
+  c10::optional<torch::Tensor> bias_;
+};
 
 }  // namespace
 
 class DecodeLayer {
  public:
-  DecodeLayer(torch::Tensor input_norm, torch::Tensor post_norm, double eps, Quant4x8Linear qkv,
-              c10::optional<torch::Tensor> qkv_bias, Quant4x8Linear o, c10::optional<torch::Tensor> o_bias,
-              Quant4x8Linear gate_up, Quant4x8Linear down, int64_t heads, int64_t kv_heads, int64_t head_dim)
-      : input_norm_(std::move(input_norm)), post_norm_(std::move(post_norm)), eps_(eps), qkv_(std::move(qkv)),
-        qkv_bias_(std::move(qkv_bias)), o_(std::move(o)), o_bias_(std::move(o_bias)), gate_up_(std::move(gate_up)),
-        down_(std::move(down)), heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim) {
+  DecodeLayer(torch::Tensor input_norm, torch::Tensor post_norm, double eps, const pybind11::object& qkv,
+              c10::optional<torch::Tensor> qkv_bias, const pybind11::object& o, c10::optional<torch::Tensor> o_bias,
+              const pybind11::object& gate_up, const pybind11::object& down, int64_t heads, int64_t kv_heads,
+              int64_t head_dim)
+      : input_norm_(std::move(input_norm)), post_norm_(std::move(post_norm)), eps_(eps), qkv_(qkv, std::move(qkv_bias)),
+        o_(o, std::move(o_bias)), gate_up_(gate_up, c10::nullopt), down_(down, c10::nullopt), heads_(heads),
+        kv_heads_(kv_heads), head_dim_(head_dim) {
     const int64_t hidden = input_norm_.size(0);
     TORCH_CHECK(qkv_.in_features() == hidden && qkv_.out_features() == (heads + 2 * kv_heads) * head_dim,
                 "DecodeLayer: qkv is [", (heads + 2 * kv_heads) * head_dim, ", ", hidden, "]");
@@ -52,32 +71,28 @@ class DecodeLayer {
     TORCH_CHECK((k_reads.size() == 1 || k_reads.size() == 2) && v_reads.size() == k_reads.size(),
                 "DecodeLayer: one or two K/V storages to read");
     const int64_t rows = x.size(0);
-    torch::Tensor qkv = project(qkv_, qkv_bias_, rms_norm(x, input_norm_, eps_));
+    torch::Tensor qkv = qkv_(rms_norm(x, input_norm_, eps_));
     torch::Tensor q = rope_write(qkv, cos, sin, std::move(k_dests), std::move(v_dests), std::move(indices), heads_,
                                  kv_heads_);
     c10::optional<torch::Tensor> k_more, v_more;
     if (k_reads.size() == 2) k_more = k_reads[1], v_more = v_reads[1];
     torch::Tensor a = decode_attention(q, k_reads[0], v_reads[0], spans, row_spans, scale, k_more, v_more);
-    torch::Tensor h = add_rms_norm(x, project(o_, o_bias_, a.view({rows, heads_ * head_dim_})), post_norm_, eps_);
-    return x + down_.forward(silu_mul(gate_up_.forward(h)));
+    torch::Tensor h = add_rms_norm(x, o_(a.view({rows, heads_ * head_dim_})), post_norm_, eps_);
+    return x + down_(silu_mul(gate_up_(h)));
   }
 
  private:
   torch::Tensor input_norm_, post_norm_;  // [hidden]
   double eps_;
-  Quant4x8Linear qkv_;
-  c10::optional<torch::Tensor> qkv_bias_;
-  Quant4x8Linear o_;
-  c10::optional<torch::Tensor> o_bias_;
-  Quant4x8Linear gate_up_, down_;
+  Projection qkv_, o_, gate_up_, down_;
   int64_t heads_, kv_heads_, head_dim_;
 };
 
 void bind_decode_layer(pybind11::module_& m) {
   pybind11::class_<DecodeLayer>(m, "DecodeLayer")
-      .def(pybind11::init<torch::Tensor, torch::Tensor, double, Quant4x8Linear, c10::optional<torch::Tensor>,
-                          Quant4x8Linear, c10::optional<torch::Tensor>, Quant4x8Linear, Quant4x8Linear, int64_t,
-                          int64_t, int64_t>())
+      .def(pybind11::init<torch::Tensor, torch::Tensor, double, const pybind11::object&, c10::optional<torch::Tensor>,
+                          const pybind11::object&, c10::optional<torch::Tensor>, const pybind11::object&,
+                          const pybind11::object&, int64_t, int64_t, int64_t>())
       .def("__call__", &DecodeLayer::forward);
 }
 

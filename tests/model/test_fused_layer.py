@@ -1,5 +1,6 @@
 """A decoder layer's decode step in one extension call (models/fused_layer.py) is the layer's
-Python path, bit for bit: a property over layouts.
+Python path, bit for bit: a property over layouts, and on files whose projections read the
+file's blocks (tiny random Q4_K, Q6_K and Q8_0 models, bf16 and float32, auto and native).
 
 The default model in bfloat16 with `--weights auto` (every projection reads its x8 form at
 decode rows), lanes decoding together in reserved or pooled chunks of 16 or 64 cells,
@@ -15,6 +16,7 @@ import functools
 
 import pytest
 import torch
+from gguf import GGMLQuantizationType as QT
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -23,6 +25,8 @@ from strata.engine.engine import Engine
 from strata.sampling import SamplingParams
 from tests.conftest import FUSED_ONLY
 from tests.model.engine_runs import run_requests
+from tests.model.test_gguf_native import TIED, fields, tiny_file  # noqa: F401 (fixture)
+from tests.model.tiny_gguf import VOCAB
 
 pytestmark = pytest.mark.skipif(not FUSED_ONLY, reason="the one-call layer is made of the fused ops (AVX2)")
 
@@ -81,12 +85,15 @@ def recorded(engine: Engine, prompts: list[list[int]], one_call: bool) -> tuple[
     return tokens, logits, calls[0] // len(model.layers)
 
 
-def test_the_default_model_has_a_one_call_form_only_where_it_reads_x8(engines, gguf_path):
-    auto = engines(False, 16, None)
-    assert all(layer.fused is not None for layer in auto._model.layers)
-    for dtype, weights in (("float32", "auto"), ("bfloat16", "dense")):
-        e = Engine(EngineConfig(model=gguf_path, dtype=dtype, weights=weights, max_context=64), progress=False)
-        assert all(layer.fused is None for layer in e._model.layers)
+def test_the_default_model_has_a_one_call_form_only_where_it_reads_quantized_weights(engines, gguf_path):
+    auto = engines(False, 16, None)  # bf16: the x8 pack
+    assert all(layer.fused is not None and all(p.x8 is not None for p in layer.fused.projections)
+               for layer in auto._model.layers)
+    f32 = Engine(EngineConfig(model=gguf_path, dtype="float32", weights="auto", max_context=64), progress=False)
+    assert all(layer.fused is not None and all(p.quant is not None for p in layer.fused.projections)
+               for layer in f32._model.layers)  # float32: the file's blocks, exact values
+    dense = Engine(EngineConfig(model=gguf_path, dtype="bfloat16", weights="dense", max_context=64), progress=False)
+    assert all(layer.fused is None for layer in dense._model.layers)
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -105,3 +112,20 @@ def test_the_one_call_layer_is_the_python_path_bit_for_bit(engines, pooled, chun
     # every step after the prompts is a decode step of at most 3 rows: each ran in one call
     # (a step with prompt rows beside decode rows takes the Python path)
     assert steps >= NEW - 1
+
+
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K, QT.Q8_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("dtype,weights", [("bfloat16", "auto"), ("bfloat16", "native"), ("float32", "auto")])
+def test_layers_reading_the_files_blocks_are_their_python_path_bit_for_bit(  # noqa: F811 (the imported fixture)
+        qtype, dtype, weights, tmp_path, fields, decode_ops, quant_ops):
+    path = tiny_file(tmp_path, qtype, fields, tied=qtype in TIED)
+    engine = Engine(EngineConfig(model=path, dtype=dtype, weights=weights, max_context=96, kv_chunk=16, batch=2,
+                                 prefill_chunk=7, spec="off"), progress=False)
+    layers = engine._model.layers
+    assert all(layer.fused is not None and all(p.quant is not None for p in layer.fused.projections) for layer in layers)
+    g = torch.Generator().manual_seed(int(qtype))
+    prompts = [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in (5, 17, 30)]
+    want_tokens, want_logits, _ = recorded(engine, prompts, one_call=False)
+    got_tokens, got_logits, steps = recorded(engine, prompts, one_call=True)
+    assert got_tokens == want_tokens and steps >= NEW - 1
+    assert len(got_logits) == len(want_logits) and all(torch.equal(a, b) for a, b in zip(got_logits, want_logits))
