@@ -54,9 +54,9 @@ class DenseCells:
         return (self.data,) if self.data.dtype == dtype else None
 
     def write_targets(self, v: DenseCells, index: torch.Tensor, dtype: torch.dtype
-                      ) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], ...] | None:
+                      ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]] | None:
         k_view, v_view = self.kernel_view(dtype), v.kernel_view(dtype)
-        return None if k_view is None or v_view is None else ((k_view, v_view, index),)
+        return None if k_view is None or v_view is None else ([k_view], [v_view], [index])
 
     def zeros_like(self, num_cells: int, device: torch.device) -> DenseCells:
         heads, _, dim = self.data.shape

@@ -46,11 +46,11 @@ class Cells(Protocol):
         cell 0 is the first's cell count: the ring's staging after its arena); None otherwise."""
 
     def write_targets(self, v: Cells, index: torch.Tensor, dtype: torch.dtype
-                      ) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], ...] | None:
+                      ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]] | None:
         """Where the fused rope-write (models/fused.py `rope_write`) stores the step's new K (here)
-        and V (`v`) at `index` in place: (k storage, v storage, cells) per copy, storages
-        [kv_heads, cells, head_dim] in `dtype`; the pool's storage, or the ring's arena (or
-        staging) and the pool's copy. None where these cells cannot be written so (the caller
+        and V (`v`) at `index` in place, as its arguments: (k storages, v storages, cells), one
+        entry per copy, storages [kv_heads, cells, head_dim] in `dtype`; the pool's storage, or
+        the ring's pool copy and its arena and/or staging. None where these cells cannot be written so (the caller
         then rotates and writes through `write`)."""
 
     def zeros_like(self, num_cells: int, device: torch.device) -> Cells:

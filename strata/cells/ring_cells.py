@@ -87,7 +87,7 @@ class RingCells:
             self.writeback.append((self.host, self.host_index, x.to("cpu", non_blocking=True)))
 
     def write_targets(self, v: RingCells, index: Tensor, dtype: torch.dtype
-                      ) -> tuple[tuple[Tensor, Tensor, Tensor], ...] | None:
+                      ) -> tuple[list[Tensor], list[Tensor], list[Tensor]] | None:
         """The pool's copy, and the arena and staging where some new cell lies in them (each
         with its cell per row, -1 for rows written to the other), when the host is written now
         (not by an accelerator's writeback) and everything is stored in `dtype` (`index` is the
@@ -100,13 +100,15 @@ class RingCells:
             pairs.append((self.arena, v.arena, arena_index))
         if staged_rows.numel():
             pairs.append((self.staging, v.staging, staged_index))
-        targets = []
+        k_views, v_views, indices = [], [], []
         for k_cells, v_cells, cells in pairs:
             k_view, v_view = k_cells.kernel_view(dtype), v_cells.kernel_view(dtype)
             if k_view is None or v_view is None:
                 return None
-            targets.append((k_view, v_view, cells))
-        return tuple(targets)
+            k_views.append(k_view)
+            v_views.append(v_view)
+            indices.append(cells)
+        return k_views, v_views, indices
 
     def zeros_like(self, num_cells: int, device: torch.device) -> Cells:
         return self.arena.zeros_like(num_cells, device)

@@ -38,7 +38,7 @@ def kernel_of(p: Linear):
 
 class FusedDecodeLayer:
     def __init__(self, kernel, projections: tuple[Linear, ...], head_dim: int):
-        self.kernel = kernel  # the extension's DecodeLayer, over these projections' x8 forms
+        self.kernel = kernel  # the extension's DecodeLayer, over these projections' quantized forms
         self.projections = projections
         self.forms = tuple(quantized_form(p) for p in projections)  # what the kernel was made of
         self.scale = head_dim**-0.5
@@ -81,6 +81,5 @@ class FusedDecodeLayer:
         if targets is None or k_reads is None or v_reads is None:
             return None
         read = meta.decode[0]
-        k_dests, v_dests, indices = (list(t) for t in zip(*targets))
-        return self.kernel(x, cos.squeeze(1), sin.squeeze(1), k_dests, v_dests, indices, list(k_reads),
-                           list(v_reads), read.spans, read.row_spans, self.scale)
+        return self.kernel(x, cos.squeeze(1), sin.squeeze(1), *targets, list(k_reads), list(v_reads), read.spans,
+                           read.row_spans, self.scale)

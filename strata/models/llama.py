@@ -114,9 +114,7 @@ class DecoderLayer:
         if targets is not None:
             # One pass: q and k rotated, k and v written to their cells (no qk norm; where the
             # cells allow it; `ops` is set only on the CPU).
-            k_dests, v_dests, indices = (list(t) for t in zip(*targets))
-            q = ops.rope_write(qkv, cos.squeeze(1), sin.squeeze(1), k_dests, v_dests, indices,
-                               cfg.num_heads, cfg.num_kv_heads)
+            q = ops.rope_write(qkv, cos.squeeze(1), sin.squeeze(1), *targets, cfg.num_heads, cfg.num_kv_heads)
         if q is not None:
             a = attend_written(q, k_cache, v_cache, meta)
         else:
