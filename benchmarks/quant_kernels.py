@@ -7,7 +7,7 @@ prefer dense weights), this times:
 
 - strata int8: `quant_matmul` with 8-bit activations (what bfloat16 compute runs), per type;
 - strata x8: Q4_0/Q4_1 blocks with 8 columns interleaved (models/q4x8.py), 15-bit activations
-  (the default) or 8-bit ones (STRATA_Q4_KERNEL=x8-int8);
+  (the default) or 8-bit ones (STRATA_Q4_KERNEL=x8-int8); q8x8: Q8_0 blocks the same way;
 - strata float: `quant_matmul` with float32 activations (what float32 compute runs);
 - torch int4: `torch._weight_int4pack_mm_for_cpu`, the kernel Q4_0/Q4_1 used before
   (group 32, w = (q - 8) * scale + zero: Q4_0, Q4_1 and Q4_K's per-32 scale/min fit it);
@@ -111,6 +111,10 @@ def arms_for(shapes: dict, ops, rng) -> dict[str, list]:
                 (k, lambda xb, xf, m=X8Matmul.from_parts([QuantWeight(random_blocks(qtype, out, k, rng), qtype, k)],
                                                          bits): m(xb))
                 for out, k in shapes.values()]
+    for bits in (15, 8):  # Q8_0 in the q8x8 form (the LM head's, STRATA_HEAD_KERNEL=x8)
+        arms[f"strata q8x8 Q8_0 {bits}-bit act"] = [
+            (k, lambda xb, xf, m=X8Matmul.from_q8_0(QuantWeight(random_blocks(8, out, k, rng), 8, k), bits): m(xb))
+            for out, k in shapes.values()]
     for name, qtype in TYPES.items():
         if any(k % BLOCK[qtype][0] for _, k in shapes.values()):
             continue

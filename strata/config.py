@@ -29,7 +29,7 @@ QUANT_ISAS = ("auto", "avx2", "avx512_vnni")  # the quantized kernels' variants 
 Q4_KERNEL_ENV = "STRATA_Q4_KERNEL"
 Q4_KERNELS = ("auto", "x8", "x8-int8", "int4")  # how --weights auto reads Q4_0/Q4_1 at bfloat16 decode rows (models/linear.py)
 HEAD_KERNEL_ENV = "STRATA_HEAD_KERNEL"
-HEAD_KERNELS = ("auto", "int8", "quant")  # how --weights auto reads the LM head at bfloat16 decode rows (models/head.py)
+HEAD_KERNELS = ("auto", "int8", "quant", "x8")  # how --weights auto reads the LM head at bfloat16 decode rows (models/head.py)
 ATTENTION_ISA_ENV = "STRATA_ATTENTION_ISA"
 ATTENTION_ISAS = ("auto", "avx2", "avx512")  # the fused decode attention's variants (strata/csrc/attention_*.cpp)
 DEFAULT_SPEC_K = 3  # 4 rows a verify step: the int8 LM head's path (models/head.py); measured in benchmarks/spec.py
@@ -191,9 +191,10 @@ def q4_kernel_from_env(environ: Mapping[str, str] | None = None) -> str:
 def head_kernel_from_env(environ: Mapping[str, str] | None = None) -> str:
     """`$STRATA_HEAD_KERNEL`: how `--weights auto` reads the LM head at bfloat16 decode rows.
     Unset, empty or `auto`: the file's quantized head in place with strata's kernel where
-    torch's CPU kernels run their AVX2 path (no AVX-512), else torch's int8 kernel on a per-row
-    int8 copy; `int8` or `quant` forces one (`quant` needs a head the kernels read: else int8);
-    anything else is an error."""
+    torch's CPU kernels run their AVX2 path (no AVX-512), a Q8_0 head's q8x8 form with strata's
+    x8 kernel where that runs AVX-512 VNNI, else torch's int8 kernel on a per-row int8 copy;
+    `int8`, `quant` or `x8` forces one (`quant` needs a head the kernels read, `x8` a Q8_0
+    head: else int8); anything else is an error."""
     return choice_from_env(HEAD_KERNEL_ENV, HEAD_KERNELS, environ)
 
 

@@ -201,12 +201,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("in_features", &strata::QuantLinear::in_features)
       .def_property_readonly("out_features", &strata::QuantLinear::out_features);
   pybind11::class_<strata::Quant4x8Linear>(m, "Quant4x8Linear")
-      .def(pybind11::init<torch::Tensor, int64_t, int64_t, int64_t>(), pybind11::arg("packed"),
-           pybind11::arg("out_features"), pybind11::arg("in_features"), pybind11::arg("act_bits") = 8)
+      .def(pybind11::init<torch::Tensor, int64_t, int64_t, int64_t, int64_t>(), pybind11::arg("packed"),
+           pybind11::arg("out_features"), pybind11::arg("in_features"), pybind11::arg("act_bits") = 8,
+           pybind11::arg("weight_bits") = 4)
       .def("__call__", &strata::Quant4x8Linear::forward)
       .def_property_readonly("in_features", &strata::Quant4x8Linear::in_features)
       .def_property_readonly("out_features", &strata::Quant4x8Linear::out_features)
-      .def_property_readonly("act_bits", &strata::Quant4x8Linear::act_bits);
+      .def_property_readonly("act_bits", &strata::Quant4x8Linear::act_bits)
+      .def_property_readonly("weight_bits", &strata::Quant4x8Linear::weight_bits);
   m.def("quant_matmul", &strata::quant_matmul);
   m.def("quant_dequant_rows", &strata::quant_dequant_rows);
   m.def("quant_isa", &strata::quant_isa);

@@ -24,18 +24,21 @@ class QuantLinear {
   bool need32_ = false, need256_ = false;  // which activation quantizations the parts read
 };
 
-// 4-bit weights with 8 columns interleaved (the x8 layout, quant_x8.inc), 8- or 15-bit activations.
+// 4-bit (or, weight_bits 8, Q8_0's 8-bit) weights with 8 columns interleaved (the x8 layout,
+// quant_x8.inc), 8- or 15-bit activations.
 class Quant4x8Linear {
  public:
-  Quant4x8Linear(torch::Tensor packed, int64_t out_features, int64_t in_features, int64_t act_bits = 8);
+  Quant4x8Linear(torch::Tensor packed, int64_t out_features, int64_t in_features, int64_t act_bits = 8,
+                 int64_t weight_bits = 4);
   torch::Tensor forward(const torch::Tensor& x) const;
   int64_t in_features() const { return k_; }
   int64_t out_features() const { return n_; }
   int64_t act_bits() const { return act_bits_; }
+  int64_t weight_bits() const { return weight_bits_; }
 
  private:
-  torch::Tensor packed_;  // uint8 [ceil(out / 8), in / 32 * X8_RECORD_BYTES], kept alive here
-  int64_t n_ = 0, k_ = 0, act_bits_ = 8;
+  torch::Tensor packed_;  // uint8 [ceil(out / 8), in / 32 * record bytes], kept alive here
+  int64_t n_ = 0, k_ = 0, act_bits_ = 8, weight_bits_ = 4;
 };
 
 torch::Tensor quant_matmul(torch::Tensor x, std::vector<torch::Tensor> weights, std::vector<int64_t> types, bool int8);

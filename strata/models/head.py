@@ -4,7 +4,8 @@ At one to a few rows a decode step's head is a matrix-vector product bound by th
 of the weight ([vocab, hidden], 56.6 MB in bf16 for the default model: about a quarter of
 its step). `Int8Head` keeps a per-row symmetric int8 copy (w ~= q * scale, q in
 [-127, 127], scale = max|w_row| / 127) and reads it for steps of at most `max_rows` rows,
-where torch's int8 CPU kernel is faster; prompt rows (a prefill piece, whether or not its
+where torch's int8 CPU kernel is faster; `X8Head` reads a Q8_0 head's own values in the x8
+kernel's 8-bit form (models/q4x8.py) where strata's kernels run AVX-512 VNNI; prompt rows (a prefill piece, whether or not its
 prefix was cached) and longer steps read the dense weight, so prefill logits are unchanged.
 Quality is measured, not assumed: `benchmarks/head_quality.py` reports top-1 agreement with
 the dense head.
@@ -15,9 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from gguf import GGMLQuantizationType as QT
 
 from strata.config import head_kernel_from_env
 from strata.models.fused import load_quant_ops
+from strata.models.q4x8 import X8Matmul
 from strata.models.quant import QuantMatmul, QuantWeight
 from strata.models.rows import RowKinds, dense_rows, linear
 
@@ -31,17 +34,32 @@ QUANT_HEAD_MAX_ROWS = 8
 # bfloat16 decode steps of at most this many rows read it in place where `head_kernel()` is
 # "quant" (the row counts benchmarks/quant_kernels.py --head measures).
 BF16_QUANT_HEAD_MAX_ROWS = 64
+# bfloat16 decode steps of at most this many rows read a Q8_0 head's q8x8 form where
+# `head_kernel()` is "x8"; longer steps read the dense weight, faster there on AVX-512 VNNI
+# without AMX (benchmarks/quant_kernels.py --head).
+X8_HEAD_MAX_ROWS = 16
 
 
 def head_kernel() -> str:
     """How --weights auto reads the head at bfloat16 decode rows: "quant" (the file's blocks,
-    strata's kernel) or "int8" (torch's int8 kernel). `$STRATA_HEAD_KERNEL` (config.py) forces
-    one; else "quant" where torch's CPU kernels run their AVX2 path: there its int8 and bf16
-    kernels convert in software and strata's integer kernel reads fewer bytes faster."""
+    strata's kernel), "x8" (a Q8_0 head's q8x8 form, strata's x8 kernel) or "int8" (torch's
+    int8 kernel). `$STRATA_HEAD_KERNEL` (config.py) forces one; else "quant" where torch's CPU
+    kernels run their AVX2 path (its int8 and bf16 kernels convert in software), "x8" where
+    strata's kernels run AVX-512 VNNI (benchmarks/quant_kernels.py --head), else "int8"."""
     choice = head_kernel_from_env()
     if choice != "auto":
         return choice
-    return "quant" if torch.backends.cpu.get_cpu_capability() == "AVX2" else "int8"
+    if torch.backends.cpu.get_cpu_capability() == "AVX2":
+        return "quant"
+    ops = load_quant_ops()
+    return "x8" if ops is not None and ops.quant_isa() == "avx512_vnni" else "int8"
+
+
+def x8_head_max_rows() -> int:
+    """Decode rows up to which the q8x8 head beats the dense one: fewer where AMX runs the
+    dense bfloat16 GEMM (torch.cpu's AMX check)."""
+    amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
+    return INT8_HEAD_MAX_ROWS if amx else X8_HEAD_MAX_ROWS
 
 
 @dataclass(frozen=True)
@@ -107,6 +125,20 @@ class Int8Head(DenseHead):
         return torch._weight_int8pack_mm(x, self.int8.codes, self.int8.scale)
 
 
+class X8Head(DenseHead):
+    """The file's Q8_0 head in the q8x8 form (models/q4x8.py: strata's x8 kernel, 8 vocabulary
+    rows per integer lane group, 15-bit activations) for steps of at most `max_rows` decode
+    rows: the file's exact values, each read once per step; the dense weight otherwise."""
+
+    def __init__(self, x8: X8Matmul, weight: torch.Tensor, max_rows: int):
+        super().__init__(weight)
+        self.x8 = x8
+        self.max_rows = max_rows
+
+    def small(self, x: torch.Tensor) -> torch.Tensor:
+        return self.x8(x)
+
+
 class QuantHead(DenseHead):
     """The file's quantized head (the embedding when tied) read in place (models/quant.py): at
     every step without a dense weight (native), else for steps of at most `max_rows` decode rows."""
@@ -126,7 +158,8 @@ def make_head(weight: torch.Tensor | None, quant: QuantWeight | None, weight_mod
     the file's blocks). native reads `quant` in place at every step. auto in bfloat16 reads the
     int8 copy at decode steps (torch's int8 kernel against the default model's Q8_0 blocks in
     place, one thread: a tie at 1 row, 6.3 against 7.5 ms at 4; benchmarks/quant_kernels.py
-    --head), or `quant` in place where `head_kernel()` says so; auto in float32 reads `quant` in place at steps of up to QUANT_HEAD_MAX_ROWS rows
+    --head), or `quant` in place, or a Q8_0 head's q8x8 form (other types: the int8 copy),
+    where `head_kernel()` says so; auto in float32 reads `quant` in place at steps of up to QUANT_HEAD_MAX_ROWS rows
     (the dense weight's exact values against float32 activations: a tie at 1 row, 11.7 against
     20.2 ms at 4, 18.9 against 32.4 at 8). dense reads the dense weight."""
     in_place = (quant is not None and device.type == "cpu" and weight_mode != "dense"
@@ -138,7 +171,10 @@ def make_head(weight: torch.Tensor | None, quant: QuantWeight | None, weight_mod
     if weight_mode == "dense" or device.type != "cpu":
         return DenseHead(weight)
     if dtype == torch.bfloat16:
-        if in_place and head_kernel() == "quant":
+        kernel = head_kernel()
+        if in_place and kernel == "x8" and quant.qtype == QT.Q8_0:
+            return X8Head(X8Matmul.from_q8_0(quant), weight, x8_head_max_rows())
+        if in_place and kernel == "quant":
             return QuantHead(QuantMatmul([quant]), weight, BF16_QUANT_HEAD_MAX_ROWS)
         return Int8Head(weight)
     if in_place:

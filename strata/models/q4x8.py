@@ -14,6 +14,11 @@ nibble order: low nibbles are values 4i .. 4i + 3, high ones 16 + 4i .. 16 + 4i 
 byte is the file's own, moved: 20 bytes per column and block, Q4_1's size (Q4_0's 18 plus
 its c). A last group of fewer than 8 columns is padded with zero columns, never read out.
 Parts of one projection (q|k|v, gate|up) may mix Q4_0 and Q4_1: they pack into one form.
+
+Q8_0 weights (the default model's head) pack the same way with 8-bit codes, the q8x8 form:
+a 272-byte record per block and group, d[8] float16 | U_0 .. U_7 (32 bytes each), bytes 4j ..
+4j + 3 of U_t column j's values 4t .. 4t + 3 plus 128 (u in [0, 255]; w = d u - 128 d, the
+kernel forms c = -128 d). 34 bytes per column and block, Q8_0's own size.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from strata.models.quant import QuantWeight
 
 X8_TYPES = (QT.Q4_0, QT.Q4_1)
 RECORD = 160  # bytes per block and group of 8 columns (quant.h: X8_RECORD_BYTES)
+Q8_RECORD = 272  # the same for the q8x8 form (quant.h: X8Q8_RECORD_BYTES)
 
 
 def _fields(w: QuantWeight) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -73,6 +79,36 @@ def unpack_x8(packed: torch.Tensor, out_features: int) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(w[:out_features]))
 
 
+def pack_q8x8(w: QuantWeight) -> torch.Tensor:
+    """uint8 [ceil(out / 8), in / 32 * 272]: a Q8_0 weight in the q8x8 form."""
+    if w.qtype != QT.Q8_0 or w.in_features % 32:
+        raise ValueError("pack_q8x8: a Q8_0 weight with inputs a multiple of 32")
+    out, nb = w.out_features, w.in_features // 32
+    blocks = w.raw.numpy().reshape(out, nb, 34)
+    pad = -out % 8
+    if pad:
+        blocks = np.concatenate([blocks, np.zeros((pad, nb, 34), np.uint8)])  # d = 0: zero columns
+    groups = (out + pad) // 8
+    d = blocks[..., 0:2].reshape(groups, 8, nb, 2).transpose(0, 2, 1, 3).reshape(groups, nb, 16)
+    u = (blocks[..., 2:34].view(np.int8).astype(np.int16) + 128).astype(np.uint8)  # [out, nb, 32]
+    # u [G, 8 columns, nb, 8 words t, 4 bytes] -> [G, nb, t, column, byte]
+    codes = u.reshape(groups, 8, nb, 8, 4).transpose(0, 2, 3, 1, 4).reshape(groups, nb, 256)
+    packed = np.concatenate([d, codes], axis=2).reshape(groups, nb * Q8_RECORD)
+    return torch.from_numpy(np.ascontiguousarray(packed))
+
+
+def unpack_q8x8(packed: torch.Tensor, out_features: int) -> torch.Tensor:
+    """[out, in] float32: the weights the q8x8 form holds (tests)."""
+    groups, width = packed.shape
+    nb = width // Q8_RECORD
+    rec = packed.numpy().reshape(groups, nb, Q8_RECORD)
+    d = rec[..., 0:16].copy().view(np.float16).astype(np.float32)  # [G, nb, 8]
+    u = rec[..., 16:].reshape(groups, nb, 8, 8, 4).astype(np.float32)  # [G, nb, t, column, byte]
+    w = (u - 128) * d[:, :, None, :, None]
+    w = w.transpose(0, 3, 1, 2, 4).reshape(groups * 8, nb * 32)
+    return torch.from_numpy(np.ascontiguousarray(w[:out_features]))
+
+
 ACT_BITS = (8, 15)  # the kernel's activation codes per value, one scale per 32-value block
 
 
@@ -84,10 +120,11 @@ class X8Matmul:
     byte dot products each); 8: 8-bit codes (QuantMatmul's bfloat16 path: one byte dot product,
     coarser). The integer sums are exact either way."""
 
-    packed: torch.Tensor  # uint8 [ceil(out / 8), in / 32 * RECORD]
+    packed: torch.Tensor  # uint8 [ceil(out / 8), in / 32 * RECORD (Q8_RECORD: weight_bits 8)]
     out_features: int
     in_features: int
     act_bits: int = 15
+    weight_bits: int = 4  # 4: the x8 form of Q4_0/Q4_1; 8: the q8x8 form of Q8_0
 
     def __post_init__(self) -> None:
         if self.act_bits not in ACT_BITS:
@@ -95,11 +132,16 @@ class X8Matmul:
         ops = load_quant_ops()
         if ops is None:
             raise RuntimeError("strata's quantized kernels are not built (strata/_decode_ops)")
-        self._kernel = ops.Quant4x8Linear(self.packed, self.out_features, self.in_features, self.act_bits)
+        self._kernel = ops.Quant4x8Linear(self.packed, self.out_features, self.in_features, self.act_bits,
+                                          self.weight_bits)
 
     @staticmethod
     def from_parts(parts: list[QuantWeight], act_bits: int = 15) -> X8Matmul:
         return X8Matmul(pack_x8(parts), sum(p.out_features for p in parts), parts[0].in_features, act_bits)
+
+    @staticmethod
+    def from_q8_0(weight: QuantWeight, act_bits: int = 15) -> X8Matmul:
+        return X8Matmul(pack_q8x8(weight), weight.out_features, weight.in_features, act_bits, weight_bits=8)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self._kernel(x.contiguous())
@@ -111,7 +153,7 @@ class X8Matmul:
     def __getstate__(self) -> dict:
         """Pickled as its packed bytes (the prepared-model cache); the kernel is rebound on load."""
         return {"packed": self.packed, "out_features": self.out_features, "in_features": self.in_features,
-                "act_bits": self.act_bits}
+                "act_bits": self.act_bits, "weight_bits": self.weight_bits}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)

@@ -66,7 +66,8 @@ def test_a_quantized_head_is_read_in_place(quant_ops, monkeypatch):
 
     from strata.config import HEAD_KERNEL_ENV
     from strata.errors import ConfigError
-    from strata.models.head import BF16_QUANT_HEAD_MAX_ROWS, QUANT_HEAD_MAX_ROWS, QuantHead, head_kernel
+    from strata.models.head import (BF16_QUANT_HEAD_MAX_ROWS, QUANT_HEAD_MAX_ROWS, QuantHead, X8Head, head_kernel,
+                                    x8_head_max_rows)
     from strata.models.quant import QuantWeight
 
     dense = weight().float()
@@ -81,13 +82,17 @@ def test_a_quantized_head_is_read_in_place(quant_ops, monkeypatch):
     assert isinstance(auto, QuantHead) and auto.max_rows == QUANT_HEAD_MAX_ROWS
     big = torch.randn(QUANT_HEAD_MAX_ROWS + 1, dense.shape[1])
     assert torch.equal(auto(big), torch.nn.functional.linear(big, exact))  # prompt rows: the dense weight
-    for choice, kind in (("int8", Int8Head), ("quant", QuantHead)):  # $STRATA_HEAD_KERNEL forces one
+    limits = {"int8": 4, "quant": BF16_QUANT_HEAD_MAX_ROWS, "x8": x8_head_max_rows()}
+    for choice, kind in (("int8", Int8Head), ("quant", QuantHead), ("x8", X8Head)):  # $STRATA_HEAD_KERNEL forces one
         monkeypatch.setenv(HEAD_KERNEL_ENV, choice)
         head = make_head(exact.bfloat16(), q, "auto", torch.bfloat16, cpu)
-        assert type(head) is kind and head.max_rows == (BF16_QUANT_HEAD_MAX_ROWS if choice == "quant" else 4)
+        assert type(head) is kind and head.max_rows == limits[choice]
         assert head_kernel() == choice
-    monkeypatch.delenv(HEAD_KERNEL_ENV)  # auto: the file's head in place where torch's kernels run AVX2 only
-    assert head_kernel() == ("quant" if torch.backends.cpu.get_cpu_capability() == "AVX2" else "int8")
+    q4 = QuantWeight(torch.from_numpy(quantize(dense.numpy(), QT.Q4_0)), int(QT.Q4_0), dense.shape[1])
+    assert type(make_head(exact.bfloat16(), q4, "auto", torch.bfloat16, cpu)) is Int8Head  # x8: Q8_0 heads only
+    monkeypatch.delenv(HEAD_KERNEL_ENV)  # auto: in place where torch runs AVX2 only, q8x8 where strata's runs VNNI
+    vnni = quant_ops.quant_isa() == "avx512_vnni"
+    assert head_kernel() == ("quant" if torch.backends.cpu.get_cpu_capability() == "AVX2" else "x8" if vnni else "int8")
     monkeypatch.setenv(HEAD_KERNEL_ENV, "fast")
     with pytest.raises(ConfigError, match=HEAD_KERNEL_ENV):
         head_kernel()
