@@ -113,7 +113,7 @@ def arms_for(shapes: dict, ops, rng) -> dict[str, list]:
                 for out, k in shapes.values()]
     for bits in (15, 8):  # Q8_0 in the q8x8 form (the LM head's, STRATA_HEAD_KERNEL=x8)
         arms[f"strata q8x8 Q8_0 {bits}-bit act"] = [
-            (k, lambda xb, xf, m=X8Matmul.from_q8_0(QuantWeight(random_blocks(8, out, k, rng), 8, k), bits): m(xb))
+            (k, lambda xb, xf, m=X8Matmul.from_q8x8_parts([QuantWeight(random_blocks(8, out, k, rng), 8, k)], bits): m(xb))
             for out, k in shapes.values()]
     for name, qtype in TYPES.items():
         if any(k % BLOCK[qtype][0] for _, k in shapes.values()):

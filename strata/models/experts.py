@@ -45,7 +45,8 @@ def _linear_like(lin: Linear | Concat, take) -> Linear | Concat:
         quant = QuantMatmul([QuantWeight(take(p.raw), p.qtype, p.in_features) for p in lin.quant.parts])
     x8 = None
     if lin.x8 is not None:
-        x8 = X8Matmul(take(lin.x8.packed), lin.x8.out_features, lin.x8.in_features, lin.x8.act_bits)
+        x8 = X8Matmul(take(lin.x8.packed), lin.x8.out_features, lin.x8.in_features, lin.x8.act_bits,
+                      lin.x8.weight_bits)
     return Linear(weight, bias, quant, int4, lin.max_rows, x8)
 
 

@@ -20,7 +20,7 @@ from gguf import GGMLQuantizationType as QT
 
 from strata.config import head_kernel_from_env
 from strata.models.fused import load_quant_ops
-from strata.models.q4x8 import X8Matmul
+from strata.models.q4x8 import X8Matmul, q8x8_faster
 from strata.models.quant import QuantMatmul, QuantWeight
 from strata.models.rows import RowKinds, dense_rows, linear
 
@@ -51,8 +51,7 @@ def head_kernel() -> str:
         return choice
     if torch.backends.cpu.get_cpu_capability() == "AVX2":
         return "quant"
-    ops = load_quant_ops()
-    return "x8" if ops is not None and ops.quant_isa() == "avx512_vnni" else "int8"
+    return "x8" if q8x8_faster() else "int8"
 
 
 def x8_head_max_rows() -> int:
@@ -173,7 +172,7 @@ def make_head(weight: torch.Tensor | None, quant: QuantWeight | None, weight_mod
     if dtype == torch.bfloat16:
         kernel = head_kernel()
         if in_place and kernel == "x8" and quant.qtype == QT.Q8_0:
-            return X8Head(X8Matmul.from_q8_0(quant), weight, x8_head_max_rows())
+            return X8Head(X8Matmul.from_q8x8_parts([quant]), weight, x8_head_max_rows())
         if in_place and kernel == "quant":
             return QuantHead(QuantMatmul([quant]), weight, BF16_QUANT_HEAD_MAX_ROWS)
         return Int8Head(weight)

@@ -15,10 +15,11 @@ byte is the file's own, moved: 20 bytes per column and block, Q4_1's size (Q4_0'
 its c). A last group of fewer than 8 columns is padded with zero columns, never read out.
 Parts of one projection (q|k|v, gate|up) may mix Q4_0 and Q4_1: they pack into one form.
 
-Q8_0 weights (the default model's head) pack the same way with 8-bit codes, the q8x8 form:
-a 272-byte record per block and group, d[8] float16 | U_0 .. U_7 (32 bytes each), bytes 4j ..
-4j + 3 of U_t column j's values 4t .. 4t + 3 plus 128 (u in [0, 255]; w = d u - 128 d, the
-kernel forms c = -128 d). 34 bytes per column and block, Q8_0's own size.
+Q8_0 weights (the default model's head) and Q5_0 ones (w = d (q - 16)) pack the same way with
+8-bit codes, the q8x8 form: a 272-byte record per block and group, d[8] float16 | U_0 .. U_7
+(32 bytes each), bytes 4j .. 4j + 3 of U_t column j's signed codes 4t .. 4t + 3 plus 128 (u in
+[0, 255]; w = d u - 128 d, the kernel forms c = -128 d). 34 bytes per column and block: Q8_0's
+own size, Q5_0's 22 widened; the values are the file's.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from strata.models.fused import load_quant_ops
 from strata.models.quant import QuantWeight
 
 X8_TYPES = (QT.Q4_0, QT.Q4_1)
+Q8X8_TYPES = (QT.Q8_0, QT.Q5_0)  # w = d * code, |code| <= 128: the q8x8 form's values
 RECORD = 160  # bytes per block and group of 8 columns (quant.h: X8_RECORD_BYTES)
 Q8_RECORD = 272  # the same for the q8x8 form (quant.h: X8Q8_RECORD_BYTES)
 
@@ -79,21 +81,46 @@ def unpack_x8(packed: torch.Tensor, out_features: int) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(w[:out_features]))
 
 
-def pack_q8x8(w: QuantWeight) -> torch.Tensor:
-    """uint8 [ceil(out / 8), in / 32 * 272]: a Q8_0 weight in the q8x8 form."""
-    if w.qtype != QT.Q8_0 or w.in_features % 32:
-        raise ValueError("pack_q8x8: a Q8_0 weight with inputs a multiple of 32")
-    out, nb = w.out_features, w.in_features // 32
-    blocks = w.raw.numpy().reshape(out, nb, 34)
+def _signed_codes(w: QuantWeight) -> tuple[np.ndarray, np.ndarray]:
+    """(d float16 [out, blocks], codes int16 [out, blocks, 32]) with w = d * code: Q8_0's int8
+    codes, or Q5_0's 5-bit q - 16 (GGML's order: value i's low nibble in qs[i % 16], low half
+    for i < 16, its fifth bit bit i of qh)."""
+    blocks = w.raw.numpy().reshape(w.out_features, w.in_features // 32, -1)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0]
+    if w.qtype == QT.Q8_0:
+        return d, blocks[..., 2:34].view(np.int8).astype(np.int16)
+    qh = blocks[..., 2:6].copy().view(np.uint32)[..., 0]  # [out, blocks]
+    qs = blocks[..., 6:22]
+    low = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(np.int16)  # [out, blocks, 32]
+    high = ((qh[..., None] >> np.arange(32, dtype=np.uint32)) & 1).astype(np.int16)
+    return d, low + 16 * high - 16
+
+
+def q8x8_faster() -> bool:
+    """Whether Q8_0 and Q5_0 decode rows read the q8x8 form rather than the file's blocks
+    (models/linear.py, models/head.py): where strata's kernels run AVX-512 VNNI (the AVX2
+    variant splits each code in two, slower from a few rows on)."""
+    ops = load_quant_ops()
+    return ops is not None and ops.quant_isa() == "avx512_vnni"
+
+
+def pack_q8x8(parts: list[QuantWeight]) -> torch.Tensor:
+    """uint8 [ceil(out / 8), in / 32 * 272]: `parts` (Q8_0/Q5_0, same in) side by side, q8x8 form."""
+    if not parts or any(p.qtype not in Q8X8_TYPES for p in parts) or parts[0].in_features % 32:
+        raise ValueError("pack_q8x8: Q8_0/Q5_0 parts with inputs a multiple of 32")
+    fields = [_signed_codes(p) for p in parts]
+    d, codes = (np.concatenate([f[i] for f in fields]) for i in range(2))
+    out, nb = d.shape
     pad = -out % 8
-    if pad:
-        blocks = np.concatenate([blocks, np.zeros((pad, nb, 34), np.uint8)])  # d = 0: zero columns
+    if pad:  # d = 0: zero columns
+        d = np.concatenate([d, np.zeros((pad, nb), np.float16)])
+        codes = np.concatenate([codes, np.zeros((pad, nb, 32), np.int16)])
     groups = (out + pad) // 8
-    d = blocks[..., 0:2].reshape(groups, 8, nb, 2).transpose(0, 2, 1, 3).reshape(groups, nb, 16)
-    u = (blocks[..., 2:34].view(np.int8).astype(np.int16) + 128).astype(np.uint8)  # [out, nb, 32]
+    scales = d.reshape(groups, 8, nb).transpose(0, 2, 1).copy().view(np.uint8)  # [G, nb, 16]
+    u = (codes + 128).astype(np.uint8)
     # u [G, 8 columns, nb, 8 words t, 4 bytes] -> [G, nb, t, column, byte]
-    codes = u.reshape(groups, 8, nb, 8, 4).transpose(0, 2, 3, 1, 4).reshape(groups, nb, 256)
-    packed = np.concatenate([d, codes], axis=2).reshape(groups, nb * Q8_RECORD)
+    u = u.reshape(groups, 8, nb, 8, 4).transpose(0, 2, 3, 1, 4).reshape(groups, nb, 256)
+    packed = np.concatenate([scales, u], axis=2).reshape(groups, nb * Q8_RECORD)
     return torch.from_numpy(np.ascontiguousarray(packed))
 
 
@@ -140,8 +167,9 @@ class X8Matmul:
         return X8Matmul(pack_x8(parts), sum(p.out_features for p in parts), parts[0].in_features, act_bits)
 
     @staticmethod
-    def from_q8_0(weight: QuantWeight, act_bits: int = 15) -> X8Matmul:
-        return X8Matmul(pack_q8x8(weight), weight.out_features, weight.in_features, act_bits, weight_bits=8)
+    def from_q8x8_parts(parts: list[QuantWeight], act_bits: int = 15) -> X8Matmul:
+        return X8Matmul(pack_q8x8(parts), sum(p.out_features for p in parts), parts[0].in_features, act_bits,
+                        weight_bits=8)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self._kernel(x.contiguous())

@@ -25,6 +25,8 @@ from hypothesis import strategies as st
 
 from strata.config import EngineConfig
 from strata.engine.engine import Engine
+from strata.models.fused_layer import quantized_form
+from strata.models.q4x8 import Q8X8_TYPES, q8x8_faster
 from strata.sampling import SamplingParams
 from tests.conftest import FUSED_ONLY
 from tests.model.engine_runs import run_requests
@@ -117,15 +119,18 @@ def test_the_one_call_layer_is_the_python_path_bit_for_bit(engines, pooled, chun
     assert steps >= NEW - 1
 
 
-@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K, QT.Q8_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K, QT.Q8_0, QT.Q5_0], ids=lambda t: t.name)
 @pytest.mark.parametrize("dtype,weights", [("bfloat16", "auto"), ("bfloat16", "native"), ("float32", "auto")])
 def test_layers_reading_the_files_blocks_are_their_python_path_bit_for_bit(  # noqa: F811 (the imported fixture)
         qtype, dtype, weights, tmp_path, fields, decode_ops, quant_ops):
     path = tiny_file(tmp_path, qtype, fields, tied=qtype in TIED)
     engine = Engine(EngineConfig(model=path, dtype=dtype, weights=weights, max_context=96, kv_chunk=16, batch=2,
                                  prefill_chunk=7, spec="off"), progress=False)
-    layers = engine._model.layers
-    assert all(layer.fused is not None and all(p.quant is not None for p in layer.fused.projections) for layer in layers)
+    layers = engine._model.layers  # the file's blocks, or (Q8_0, Q5_0 in bf16 auto on VNNI) their q8x8 form
+    assert all(layer.fused is not None and all(quantized_form(p) is not None for p in layer.fused.projections)
+               for layer in layers)
+    q8x8 = qtype in Q8X8_TYPES and dtype == "bfloat16" and weights == "auto" and q8x8_faster()
+    assert all((p.x8 is not None) == q8x8 for layer in layers for p in layer.fused.projections)
     g = torch.Generator().manual_seed(int(qtype))
     prompts = [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in (5, 17, 30)]
     want_tokens, want_logits, _ = recorded(engine, prompts, one_call=False)

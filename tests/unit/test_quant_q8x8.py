@@ -1,8 +1,9 @@
-"""The x8 kernel's 8-bit form (q8x8: Q8_0 weights, strata/models/q4x8.py pack_q8x8) against
-gguf-py's dequantisation, and the LM head that reads it (models/head.py X8Head).
+"""The x8 kernel's 8-bit form (q8x8: Q8_0 and Q5_0 weights, strata/models/q4x8.py pack_q8x8)
+against gguf-py's dequantisation, and the LM head that reads it (models/head.py X8Head).
 
-The packing moves the file's bytes (codes plus 128, the scales as they are): unpacking gives
-gguf-py's float32 weights bit for bit, with output counts that are not multiples of 8. The
+The packing keeps the file's values (signed codes plus 128, the scales as they are): unpacking
+gives gguf-py's float32 weights bit for bit, for Q8_0, Q5_0 and projections mixing them, with
+output counts that are not multiples of 8. The
 kernel computes w = d u + c with u = code + 128 and c = -128 d, so its float rounding is
 bounded against |d u| + |c| rather than |w| (`q8x8_bound`); the activation codes' rounding
 is the x8 kernel's (tests/unit/test_quant_x8.py). The AVX2 variant splits each 8-bit code
@@ -34,27 +35,38 @@ def ops(quant_ops):
     quant_ops.set_quant_isa("auto")
 
 
+TYPES = [QT.Q8_0, QT.Q5_0]
+SIZES = {QT.Q8_0: 34, QT.Q5_0: 22}
+
+
 @st.composite
-def heads(draw):
-    """(raw Q8_0 blocks [out, bytes], k, rows, seed, x_scale)."""
+def projections(draw):
+    """(parts [(qtype, raw)], k, rows, seed, x_scale): one to three Q8_0/Q5_0 parts of one input size."""
     k = 32 * draw(st.integers(1, 7))
     seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
     scale = draw(st.sampled_from([2.0 ** -12, 0.02, 0.5]))
-    raw = random_blocks(QT.Q8_0, draw(st.integers(1, 41)), k, scale, np.random.default_rng(seed))
-    return raw, k, draw(st.integers(1, 17)), seed, draw(st.sampled_from([1e-3, 1.0, 30.0]))
+    qtypes = draw(st.lists(st.sampled_from(TYPES), min_size=1, max_size=3))
+    parts = [(q, random_blocks(q, draw(st.integers(1, 29)), k, scale, rng)) for q in qtypes]
+    return parts, k, draw(st.integers(1, 17)), seed, draw(st.sampled_from([1e-3, 1.0, 30.0]))
 
 
-def weight(raw: np.ndarray, k: int) -> QuantWeight:
-    return quant_from_blocks(raw, QT.Q8_0, (raw.shape[0], k))
+def weights(parts, k: int) -> list[QuantWeight]:
+    return [quant_from_blocks(raw, q, (raw.shape[0], k)) for q, raw in parts]
 
 
-def q8x8_bound(x: np.ndarray, raw: np.ndarray, w: np.ndarray, levels: int, bf16_out: bool, y: np.ndarray) -> np.ndarray:
+def reference(parts) -> np.ndarray:
+    return np.concatenate([dequantize(raw, q).reshape(raw.shape[0], -1) for q, raw in parts]).astype(np.float64)
+
+
+def q8x8_bound(x: np.ndarray, parts, w: np.ndarray, levels: int, bf16_out: bool, y: np.ndarray) -> np.ndarray:
     """[rows, out]: the activation codes' rounding (amax / (2 levels) per |w|) plus float32
     rounding over k / 32 blocks against the form's own terms, |d u| + |128 d| per value."""
     k = x.shape[1]
-    d = raw.reshape(raw.shape[0], -1, 34)[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float64)
-    c = np.repeat(128 * np.abs(d), 32, axis=1)  # [out, k]
-    magnitude = np.abs(w + c * np.sign(np.repeat(d, 32, axis=1))) + c
+    d = np.concatenate([raw.reshape(raw.shape[0], -1, SIZES[q])[..., 0:2].copy().view(np.float16)[..., 0]
+                        for q, raw in parts]).astype(np.float64)
+    c = np.repeat(128 * d, 32, axis=1)  # [out, k]: c = -128 d, so d u = w + 128 d
+    magnitude = np.abs(w + c) + np.abs(c)
     amax = np.repeat(np.abs(x).reshape(x.shape[0], -1, 32).max(axis=2), 32, axis=1)
     tol = amax @ np.abs(w).T * (1 / (2 * levels) + 2.0 ** -22)
     tol += (k / 32 + 8) * 2.0 ** -24 * ((np.abs(x) + amax / levels) @ magnitude.T)
@@ -64,35 +76,35 @@ def q8x8_bound(x: np.ndarray, raw: np.ndarray, w: np.ndarray, levels: int, bf16_
 
 
 @SETTINGS
-@given(case=heads())
+@given(case=projections())
 def test_packing_keeps_every_value(case):
-    raw, k, _, _, _ = case
-    packed = pack_q8x8(weight(raw, k))
-    assert packed.shape == ((raw.shape[0] + 7) // 8, k // 32 * 272)  # Q8_0's 34 bytes per block and column
-    expected = dequantize(raw, QT.Q8_0).reshape(raw.shape[0], -1).astype(np.float32)
-    assert np.array_equal(unpack_q8x8(packed, raw.shape[0]).numpy(), expected)
+    parts, k, _, _, _ = case
+    packed = pack_q8x8(weights(parts, k))
+    out = sum(raw.shape[0] for _, raw in parts)
+    assert packed.shape == ((out + 7) // 8, k // 32 * 272)  # Q8_0's 34 bytes per block and column
+    assert np.array_equal(unpack_q8x8(packed, out).numpy(), reference(parts).astype(np.float32))
 
 
 @pytest.mark.parametrize("act_bits", [8, 15])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 def test_the_kernel_is_within_its_bound(ops, dtype, act_bits):
     @SETTINGS
-    @given(case=heads())
+    @given(case=projections())
     def run(case):
-        raw, k, rows, seed, x_scale = case
+        parts, k, rows, seed, x_scale = case
         rng = np.random.default_rng(seed + 1)
         x = torch.from_numpy(rng.standard_normal((rows, k)) * x_scale).to(dtype)
         x[0] = 0 if rows > 2 else x[0]  # a zero row (scale 0) and an outlier
         x[-1, rng.integers(0, k)] *= 50
-        w = dequantize(raw, QT.Q8_0).reshape(raw.shape[0], -1).astype(np.float64)
+        w = reference(parts)
         xd = x.double().numpy()
         expected = xd @ w.T
-        tol = q8x8_bound(xd, raw, w, LEVELS[act_bits], dtype == torch.bfloat16, expected)
+        tol = q8x8_bound(xd, parts, w, LEVELS[act_bits], dtype == torch.bfloat16, expected)
         for isa in ops.quant_isas():
-            matmul = X8Matmul.from_q8_0(weight(raw, k), act_bits)
+            matmul = X8Matmul.from_q8x8_parts(weights(parts, k), act_bits)
             ops.set_quant_isa(isa)
             y = matmul(x)
-            assert y.dtype == dtype and y.shape == (rows, raw.shape[0])
+            assert y.dtype == dtype and y.shape == (rows, w.shape[0])
             err = np.abs(y.double().numpy() - expected)
             worst = np.unravel_index(np.argmax(err / tol), err.shape)
             assert (err <= tol).all(), f"{isa} {dtype}: error {err[worst]:.3g} > bound {tol[worst]:.3g} at {worst}"
@@ -103,11 +115,11 @@ def test_the_kernel_is_within_its_bound(ops, dtype, act_bits):
 @pytest.mark.parametrize("act_bits", [8, 15])
 def test_each_row_is_the_same_at_every_row_count_and_isa(ops, act_bits):
     rng = np.random.default_rng(9)
-    raw = random_blocks(QT.Q8_0, 45, 576, 0.02, rng)
+    parts = [(QT.Q5_0, random_blocks(QT.Q5_0, 40, 576, 0.02, rng)), (QT.Q8_0, random_blocks(QT.Q8_0, 9, 576, 0.02, rng))]
     x = torch.randn(17, 576, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
     first = None
     for isa in ops.quant_isas():
-        matmul = X8Matmul.from_q8_0(weight(raw, 576), act_bits)
+        matmul = X8Matmul.from_q8x8_parts(weights(parts, 576), act_bits)
         ops.set_quant_isa(isa)
         full = matmul(x)
         first = full if first is None else first
@@ -121,7 +133,7 @@ def test_the_head_reads_the_form_for_decode_rows_only(ops):
     steps through the dense weight: each row's logits are the ones its path gives alone."""
     raw = random_blocks(QT.Q8_0, 100, 64, 0.02, np.random.default_rng(2))
     dense = torch.from_numpy(dequantize(raw, QT.Q8_0).reshape(100, -1)).to(torch.bfloat16)
-    head = X8Head(X8Matmul.from_q8_0(weight(raw, 64)), dense, max_rows=4)
+    head = X8Head(X8Matmul.from_q8x8_parts(weights([(QT.Q8_0, raw)], 64)), dense, max_rows=4)
     x = torch.randn(6, 64, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
     small = head.x8(x)
     assert torch.equal(head(x[:4]), small[:4])  # all decode rows, within max_rows
@@ -133,13 +145,13 @@ def test_the_head_reads_the_form_for_decode_rows_only(ops):
 
 def test_bad_arguments_are_errors(ops):
     raw = random_blocks(QT.Q8_0, 8, 64, 0.01, np.random.default_rng(0))
-    packed = pack_q8x8(weight(raw, 64))
+    packed = pack_q8x8(weights([(QT.Q8_0, raw)], 64))
     with pytest.raises(RuntimeError, match="weight_bits 4 or 8"):
         ops.Quant4x8Linear(packed, 8, 64, 15, 6)
     with pytest.raises(RuntimeError, match="groups of 544 bytes"):
         ops.Quant4x8Linear(packed[:, :-1].contiguous(), 8, 64, 15, 8)
     with pytest.raises(RuntimeError, match="groups of 320 bytes"):
         ops.Quant4x8Linear(packed, 8, 64, 15)  # the 4-bit form's record size
-    with pytest.raises(ValueError, match="Q8_0"):
-        pack_q8x8(QuantWeight(torch.from_numpy(random_blocks(QT.Q4_0, 8, 64, 0.01, np.random.default_rng(1))),
-                              int(QT.Q4_0), 64))
+    with pytest.raises(ValueError, match="Q8_0/Q5_0"):
+        pack_q8x8([QuantWeight(torch.from_numpy(random_blocks(QT.Q4_0, 8, 64, 0.01, np.random.default_rng(1))),
+                               int(QT.Q4_0), 64)])
