@@ -20,6 +20,7 @@ from strata.cells.ring_groups import GroupedStep
 from strata.cells.ring_step import PageMap, RingStep
 from strata.models.attention import AttentionMeta
 from strata.models.cell_reads import DecodeContiguous, DecodeRuns, DecodeSpans, PrefillContiguous, PrefillRuns
+from strata.runner.inputs import VERIFY_MAX_ROWS
 from strata.runner.reads import split_for_rows
 from strata.runner.windows import cut_meta, runs_from, window_metas
 from strata.step import LaneWork
@@ -54,8 +55,8 @@ def ring_metas(work: Sequence[LaneWork], step: GroupedStep, windows: Sequence[in
     def runs(w: LaneWork) -> tuple[slice, ...]:
         return lane_runs(ring.lane_pages(w), w.num_cells, ring.page, full.pages)
 
-    if len(step.steps) == 1:
-        return window_metas(ring_meta(work, full, kernel), work, windows, runs, kernel)
+    if len(step.steps) == 1:  # windowed layers cut reads per lane: there a verify step's rows are pieces
+        return window_metas(ring_meta(work, full, kernel, verify_rows=not windows), work, windows, runs, kernel)
     metas: dict[int | None, AttentionMeta] = {}
     if ring.layers:
         metas[None] = ring_meta(work, full, kernel)
@@ -77,10 +78,26 @@ def _window_meta(work: Sequence[LaneWork], step: RingStep, kernel: Callable | No
     return cut_meta(step.write_index, work, ring.window, runs_after, kernel)
 
 
-def ring_meta(work: Sequence[LaneWork], step: RingStep, kernel: Callable | None = None) -> AttentionMeta:
+def first_cells(runs: Sequence[slice], n: int) -> list[tuple[int, int]]:
+    """(start, cells) spans of the first `n` positions of `runs` (in position order)."""
+    spans = []
+    for r in runs:
+        if n <= 0:
+            break
+        take = min(n, r.stop - r.start)
+        spans.append((r.start, take))
+        n -= take
+    return spans
+
+
+def ring_meta(work: Sequence[LaneWork], step: RingStep, kernel: Callable | None = None,
+              verify_rows: bool = False) -> AttentionMeta:
     """`work` in row order (decode rows first, then pieces), as build_inputs orders
     it; the step's virtual write index already follows that order. `kernel`: every decode
-    row through the fused decode attention, over arena and staging runs alike."""
+    row through the fused decode attention, over arena and staging runs alike; with
+    `verify_rows` also a verify step's few rows that follow them, each row over the cells up to
+    its own (as runner/inputs.py reads them without a ring: the kernel's blocks are positions,
+    so the two reads are bit-identical)."""
     ring, where = step.ring, step.pages
     page = ring.page
     decode, prefills = [], []
@@ -90,9 +107,11 @@ def ring_meta(work: Sequence[LaneWork], step: RingStep, kernel: Callable | None 
     for w in work:
         runs = lane_runs(ring.lane_pages(w), w.num_cells, page, where)
         n = len(w.token_ids)
-        if w.reads_as_decode and kernel is not None:
-            spans += [(r.start, r.stop - r.start) for r in runs]
-            row_spans.append(len(spans))
+        few = verify_rows and not w.prompt and n <= VERIFY_MAX_ROWS
+        if kernel is not None and (w.reads_as_decode or few) and row == len(row_spans) - 1:
+            for seen in range(w.start + 1, w.num_cells + 1):  # one row per token: cells 0 .. its own
+                spans += first_cells(runs, seen)
+                row_spans.append(len(spans))
         elif w.reads_as_decode:
             decode.append(DecodeContiguous(row, runs[0]) if len(runs) == 1 else DecodeRuns(row, runs))
         elif len(runs) == 1:

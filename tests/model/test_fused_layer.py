@@ -137,3 +137,38 @@ def test_layers_reading_the_files_blocks_are_their_python_path_bit_for_bit(  # n
     got_tokens, got_logits, steps = recorded(engine, prompts, one_call=True)
     assert got_tokens == want_tokens and steps >= NEW - 1
     assert len(got_logits) == len(want_logits) and all(torch.equal(a, b) for a, b in zip(got_logits, want_logits))
+
+
+@pytest.mark.parametrize("ring_pages", [None, 0, 2], ids=["no ring", "ring holding all", "ring of 2 pages"])
+def test_verify_steps_run_in_one_call_through_the_ring_too(gguf_path, decode_ops, quant_ops, ring_pages):
+    """A verify step's few rows are read as decode rows through the ring (runner/ring_reads.py) as
+    without it: each layer runs in one call, its logits those of the layer's Python path."""
+    ring = {} if ring_pages is None else {"kv_resident": ring_pages * 16 if ring_pages else MAX_CONTEXT,
+                                          "kv_page": 16, "kv_ring_adapt": False}
+    engine = Engine(EngineConfig(model=gguf_path, dtype="bfloat16", weights="auto", max_context=MAX_CONTEXT,
+                                 kv_chunk=16, batch=2, prefill_chunk=24, spec="ngram", **ring), progress=False)
+    model = engine._model
+    tok = engine.tokenizer
+    prompts = [tok.encode("a b c d e f g " * 3 + "a b c")]  # continued by copying: n-gram drafts
+    rows_in_one_call = []
+
+    def counting(form):
+        def call(x, *args):
+            y = form(x, *args)
+            if y is not None:
+                rows_in_one_call.append(x.shape[0])
+            return y
+        return call
+
+    want_tokens, want_logits, _ = recorded(engine, prompts, one_call=False)
+    forms = [layer.fused for layer in model.layers]
+    for layer, form in zip(model.layers, forms):
+        layer.fused = counting(form)
+    try:
+        got_tokens, got_logits, _ = recorded(engine, prompts, one_call=True)
+    finally:
+        for layer, form in zip(model.layers, forms):
+            layer.fused = form
+    assert got_tokens == want_tokens
+    assert len(got_logits) == len(want_logits) and all(torch.equal(a, b) for a, b in zip(got_logits, want_logits))
+    assert max(rows_in_one_call) > 1  # some step verified drafts, in one call per layer
