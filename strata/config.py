@@ -31,7 +31,7 @@ Q4_KERNELS = ("auto", "x8", "x8-int8", "int4")  # how --weights auto reads Q4_0/
 HEAD_KERNEL_ENV = "STRATA_HEAD_KERNEL"
 HEAD_KERNELS = ("auto", "int8", "quant", "x8")  # how --weights auto reads the LM head at bfloat16 decode rows (models/head.py)
 ATTENTION_ISA_ENV = "STRATA_ATTENTION_ISA"
-ATTENTION_ISAS = ("auto", "avx2", "avx512")  # the fused decode attention's variants (strata/csrc/attention_*.cpp)
+ATTENTION_ISAS = ("auto", "avx2", "avx512", "avx512_bf16")  # the fused decode attention's variants (strata/csrc/attention_*.cpp)
 DEFAULT_SPEC_K = 3  # 4 rows a verify step: the int8 LM head's path (models/head.py); measured in benchmarks/spec.py
 
 
@@ -200,8 +200,8 @@ def head_kernel_from_env(environ: Mapping[str, str] | None = None) -> str:
 
 def attention_isa_from_env(environ: Mapping[str, str] | None = None) -> str:
     """`$STRATA_ATTENTION_ISA`: the instruction set the fused decode attention runs. Unset,
-    empty or `auto`: the best this CPU has (AVX-512, else AVX2); `avx2` forces the AVX2 path;
-    anything else is an error."""
+    empty or `auto`: the best this CPU has (AVX-512 BF16, else AVX-512, else AVX2); `avx2` or
+    `avx512` forces that path; anything else is an error."""
     return choice_from_env(ATTENTION_ISA_ENV, ATTENTION_ISAS, environ)
 
 

@@ -35,6 +35,7 @@ struct Kernels {
 
 const Kernels& avx2_kernels();
 const Kernels& avx512_kernels();  // AVX-512 F/BW/VL/DQ
+const Kernels& avx512_bf16_kernels();  // the same and AVX-512 BF16
 
 }  // namespace attn
 }  // namespace strata

@@ -16,10 +16,11 @@
 // second pass merges a row's blocks by their maxima (flash-decoding). Every read of K/V is
 // in place: a lane's cells are never gathered, padded or masked. Accumulation is float32,
 // bfloat16 or float32 K/V. The block work runs the instruction set chosen at run time
-// (attention.h): AVX-512 where cpuid has it, else AVX2 + FMA (the module's build flags).
+// (attention.h): AVX-512 where cpuid has it (with AVX-512 BF16: bfloat16 keys' dot products by
+// vdpbf16ps), else AVX2 + FMA (the module's build flags).
 //
 //   attention_isa() / attention_isas() / set_attention_isa(name): the variant that runs
-//       ("avx2", "avx512"), the ones this CPU has, and a choice among them ("auto": the best).
+//       ("avx2", "avx512", "avx512_bf16"), the ones this CPU has, and a choice among them ("auto": the best).
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -69,7 +70,12 @@ bool cpu_has_avx512() {
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
 }
 
-const attn::Kernels* best_kernels() { return cpu_has_avx512() ? &attn::avx512_kernels() : &attn::avx2_kernels(); }
+bool cpu_has_avx512_bf16() { return cpu_has_avx512() && __builtin_cpu_supports("avx512bf16"); }
+
+const attn::Kernels* best_kernels() {
+  if (cpu_has_avx512_bf16()) return &attn::avx512_bf16_kernels();
+  return cpu_has_avx512() ? &attn::avx512_kernels() : &attn::avx2_kernels();
+}
 
 std::atomic<const attn::Kernels*>& chosen() {
   static std::atomic<const attn::Kernels*> kernels{best_kernels()};
@@ -202,6 +208,7 @@ std::string attention_isa() { return chosen().load()->name; }
 std::vector<std::string> attention_isas() {
   std::vector<std::string> names{attn::avx2_kernels().name};
   if (cpu_has_avx512()) names.push_back(attn::avx512_kernels().name);
+  if (cpu_has_avx512_bf16()) names.push_back(attn::avx512_bf16_kernels().name);
   return names;
 }
 
@@ -212,7 +219,11 @@ void set_attention_isa(const std::string& name) {
     TORCH_CHECK(cpu_has_avx512(), "set_attention_isa: this CPU has no AVX-512 (F, BW, VL, DQ)");
     return chosen().store(&attn::avx512_kernels());
   }
-  TORCH_CHECK(false, "set_attention_isa: unknown instruction set '", name, "' (auto, avx2, avx512)");
+  if (name == attn::avx512_bf16_kernels().name) {
+    TORCH_CHECK(cpu_has_avx512_bf16(), "set_attention_isa: this CPU has no AVX-512 BF16");
+    return chosen().store(&attn::avx512_bf16_kernels());
+  }
+  TORCH_CHECK(false, "set_attention_isa: unknown instruction set '", name, "' (auto, avx2, avx512, avx512_bf16)");
 }
 
 }  // namespace strata
