@@ -48,23 +48,30 @@ def _fields(w: QuantWeight) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return d, d * np.float16(-8), blocks[..., 2:18]
 
 
+def _records(scales: list[np.ndarray], codes: np.ndarray) -> torch.Tensor:
+    """uint8 [ceil(out / 8), blocks * record]: per block and group of 8 columns, each of `scales`
+    (float16 [out, blocks]) as the 8 columns' values, then `codes` (uint8 [out, blocks, 4 w]) as
+    w words of 4 bytes with the 8 columns side by side in each; a last group of fewer than 8
+    columns padded with zero columns (scale 0)."""
+    out, nb, width = codes.shape
+    pad = -out % 8
+    if pad:
+        scales = [np.concatenate([a, np.zeros((pad, nb), np.float16)]) for a in scales]
+        codes = np.concatenate([codes, np.zeros((pad, nb, width), np.uint8)])
+    groups = (out + pad) // 8
+    parts = [a.reshape(groups, 8, nb).transpose(0, 2, 1).copy().view(np.uint8) for a in scales]  # [G, nb, 16]
+    # codes [G, 8 columns, nb, w words, 4 bytes] -> [G, nb, word, column, byte]
+    parts.append(codes.reshape(groups, 8, nb, width // 4, 4).transpose(0, 2, 3, 1, 4).reshape(groups, nb, 8 * width))
+    return torch.from_numpy(np.ascontiguousarray(np.concatenate(parts, axis=2).reshape(groups, -1)))
+
+
 def pack_x8(parts: list[QuantWeight]) -> torch.Tensor:
     """uint8 [ceil(out / 8), in / 32 * 160]: `parts` (Q4_0/Q4_1, same in) side by side, x8 form."""
     if not parts or any(p.qtype not in X8_TYPES for p in parts) or parts[0].in_features % 32:
         raise ValueError("pack_x8: Q4_0/Q4_1 parts with inputs a multiple of 32")
     fields = [_fields(p) for p in parts]
     d, c, qs = (np.concatenate([f[i] for f in fields]) for i in range(3))
-    out, nb = d.shape
-    pad = -out % 8
-    if pad:
-        d, c = (np.concatenate([a, np.zeros((pad, nb), np.float16)]) for a in (d, c))
-        qs = np.concatenate([qs, np.zeros((pad, nb, 16), np.uint8)])
-    groups = (out + pad) // 8
-    scales = [a.reshape(groups, 8, nb).transpose(0, 2, 1).copy().view(np.uint8) for a in (d, c)]  # [G, nb, 16]
-    # qs [G, 8 columns, nb, 4 words i, 4 bytes] -> [G, nb, i, column, byte]
-    codes = qs.reshape(groups, 8, nb, 4, 4).transpose(0, 2, 3, 1, 4).reshape(groups, nb, 128)
-    packed = np.concatenate([scales[0], scales[1], codes], axis=2).reshape(groups, nb * RECORD)
-    return torch.from_numpy(np.ascontiguousarray(packed))
+    return _records([d, c], qs)
 
 
 def unpack_x8(packed: torch.Tensor, out_features: int) -> torch.Tensor:
@@ -110,18 +117,7 @@ def pack_q8x8(parts: list[QuantWeight]) -> torch.Tensor:
         raise ValueError("pack_q8x8: Q8_0/Q5_0 parts with inputs a multiple of 32")
     fields = [_signed_codes(p) for p in parts]
     d, codes = (np.concatenate([f[i] for f in fields]) for i in range(2))
-    out, nb = d.shape
-    pad = -out % 8
-    if pad:  # d = 0: zero columns
-        d = np.concatenate([d, np.zeros((pad, nb), np.float16)])
-        codes = np.concatenate([codes, np.zeros((pad, nb, 32), np.int16)])
-    groups = (out + pad) // 8
-    scales = d.reshape(groups, 8, nb).transpose(0, 2, 1).copy().view(np.uint8)  # [G, nb, 16]
-    u = (codes + 128).astype(np.uint8)
-    # u [G, 8 columns, nb, 8 words t, 4 bytes] -> [G, nb, t, column, byte]
-    u = u.reshape(groups, 8, nb, 8, 4).transpose(0, 2, 3, 1, 4).reshape(groups, nb, 256)
-    packed = np.concatenate([scales, u], axis=2).reshape(groups, nb * Q8_RECORD)
-    return torch.from_numpy(np.ascontiguousarray(packed))
+    return _records([d], (codes + 128).astype(np.uint8))
 
 
 def unpack_q8x8(packed: torch.Tensor, out_features: int) -> torch.Tensor:

@@ -142,10 +142,11 @@ def test_layers_reading_the_files_blocks_are_their_python_path_bit_for_bit(  # n
 @pytest.mark.parametrize("ring_pages", [None, 0, 2], ids=["no ring", "ring holding all", "ring of 2 pages"])
 def test_verify_steps_run_in_one_call_through_the_ring_too(gguf_path, decode_ops, quant_ops, ring_pages):
     """A verify step's few rows are read as decode rows through the ring (runner/ring_reads.py) as
-    without it: each layer runs in one call, its logits those of the layer's Python path."""
+    without it: each layer runs in one call, its logits those of the layer's Python path
+    (float32: the file's blocks at their exact values, the same on every CPU)."""
     ring = {} if ring_pages is None else {"kv_resident": ring_pages * 16 if ring_pages else MAX_CONTEXT,
                                           "kv_page": 16, "kv_ring_adapt": False}
-    engine = Engine(EngineConfig(model=gguf_path, dtype="bfloat16", weights="auto", max_context=MAX_CONTEXT,
+    engine = Engine(EngineConfig(model=gguf_path, dtype="float32", weights="auto", max_context=MAX_CONTEXT,
                                  kv_chunk=16, batch=2, prefill_chunk=24, spec="ngram", **ring), progress=False)
     model = engine._model
     tok = engine.tokenizer

@@ -19,14 +19,13 @@ import torch
 from gguf import GGMLQuantizationType as QT
 from gguf.quants import dequantize
 from hypothesis import given
-from hypothesis import strategies as st
 
 from strata.models.head import X8Head
 from strata.models.q4x8 import X8Matmul, pack_q8x8, unpack_q8x8
-from strata.models.quant import QuantWeight, quant_from_blocks
+from strata.models.quant import QuantWeight
 from strata.models.rows import RowKinds, linear
 from tests.unit.test_quant_kernels import SETTINGS, random_blocks
-from tests.unit.test_quant_x8 import LEVELS
+from tests.unit.test_quant_x8 import LEVELS, projections, reference, weights
 
 
 @pytest.fixture(scope="module")
@@ -35,28 +34,8 @@ def ops(quant_ops):
     quant_ops.set_quant_isa("auto")
 
 
-TYPES = [QT.Q8_0, QT.Q5_0]
+TYPES = (QT.Q8_0, QT.Q5_0)
 SIZES = {QT.Q8_0: 34, QT.Q5_0: 22}
-
-
-@st.composite
-def projections(draw):
-    """(parts [(qtype, raw)], k, rows, seed, x_scale): one to three Q8_0/Q5_0 parts of one input size."""
-    k = 32 * draw(st.integers(1, 7))
-    seed = draw(st.integers(0, 2**32 - 1))
-    rng = np.random.default_rng(seed)
-    scale = draw(st.sampled_from([2.0 ** -12, 0.02, 0.5]))
-    qtypes = draw(st.lists(st.sampled_from(TYPES), min_size=1, max_size=3))
-    parts = [(q, random_blocks(q, draw(st.integers(1, 29)), k, scale, rng)) for q in qtypes]
-    return parts, k, draw(st.integers(1, 17)), seed, draw(st.sampled_from([1e-3, 1.0, 30.0]))
-
-
-def weights(parts, k: int) -> list[QuantWeight]:
-    return [quant_from_blocks(raw, q, (raw.shape[0], k)) for q, raw in parts]
-
-
-def reference(parts) -> np.ndarray:
-    return np.concatenate([dequantize(raw, q).reshape(raw.shape[0], -1) for q, raw in parts]).astype(np.float64)
 
 
 def q8x8_bound(x: np.ndarray, parts, w: np.ndarray, levels: int, bf16_out: bool, y: np.ndarray) -> np.ndarray:
@@ -76,7 +55,7 @@ def q8x8_bound(x: np.ndarray, parts, w: np.ndarray, levels: int, bf16_out: bool,
 
 
 @SETTINGS
-@given(case=projections())
+@given(case=projections(TYPES))
 def test_packing_keeps_every_value(case):
     parts, k, _, _, _ = case
     packed = pack_q8x8(weights(parts, k))
@@ -89,7 +68,7 @@ def test_packing_keeps_every_value(case):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 def test_the_kernel_is_within_its_bound(ops, dtype, act_bits):
     @SETTINGS
-    @given(case=projections())
+    @given(case=projections(TYPES))
     def run(case):
         parts, k, rows, seed, x_scale = case
         rng = np.random.default_rng(seed + 1)

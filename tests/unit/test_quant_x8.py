@@ -36,13 +36,14 @@ def ops(quant_ops):
 
 
 @st.composite
-def projections(draw):
-    """(parts [(qtype, raw)], k, rows, seed, x_scale): one to three Q4_0/Q4_1 parts of one input size."""
+def projections(draw, types=tuple(X8)):
+    """(parts [(qtype, raw)], k, rows, seed, x_scale): one to three parts of `types` (Q4_0/Q4_1)
+    of one input size."""
     k = 32 * draw(st.integers(1, 7))
     seed = draw(st.integers(0, 2**32 - 1))
     rng = np.random.default_rng(seed)
     scale = draw(st.sampled_from([2.0 ** -12, 0.02, 0.5]))
-    qtypes = draw(st.lists(st.sampled_from(X8), min_size=1, max_size=3))
+    qtypes = draw(st.lists(st.sampled_from(types), min_size=1, max_size=3))
     parts = [(q, random_blocks(q, draw(st.integers(1, 29)), k, scale, rng)) for q in qtypes]
     return parts, k, draw(st.integers(1, 17)), seed, draw(st.sampled_from([1e-3, 1.0, 30.0]))
 
