@@ -205,7 +205,7 @@ class KVRing:
         if self.layers:
             writes = [start[r.pages[pos // self.page - self.first_page(w)]] + pos % self.page
                       for w, r in zip(work, reads) for pos in range(w.start, w.num_cells)]
-        return RingStep(self, where, admit, stage, host_write_index, torch.tensor(writes, dtype=torch.long), plan)
+        return RingStep(self, where, admit, stage, host_write_index, writes, plan)
 
     def _follow(self, work: Sequence[LaneWork], lane_rings: Sequence[int]) -> None:
         for w, ring in zip(work, lane_rings):

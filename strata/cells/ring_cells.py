@@ -9,6 +9,9 @@ pool, which stays complete: the host index names the same rows' pool cells.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import torch
 
 from strata.cells.protocol import Cells
@@ -16,16 +19,52 @@ from strata.cells.protocol import Cells
 Tensor = torch.Tensor
 
 
+@dataclass(frozen=True)
+class StepWrites:
+    """Where a step's new cells lie, rows in order: the rows (and their cells) in the arena and
+    in staging (cells from its start), then each row's arena cell and staging cell (-1: written to
+    the other: the fused rope-write's skip). All [rows or fewer] long tensors on one device."""
+
+    arena_rows: Tensor
+    arena_cells: Tensor
+    staged_rows: Tensor
+    staged_cells: Tensor
+    arena_index: Tensor
+    staged_index: Tensor
+    in_arena: bool  # some new cell lies in the arena
+    in_staging: bool  # some new cell lies in staging
+
+    @classmethod
+    def split(cls, cells: Sequence[int], num_arena_cells: int) -> StepWrites:
+        """`cells`: each row's virtual cell; on the host (a handful of rows: plain lists)."""
+        a = num_arena_cells
+        arena = [(r, c) for r, c in enumerate(cells) if c < a]
+        staged = [(r, c - a) for r, c in enumerate(cells) if c >= a]
+
+        def tensor(values) -> Tensor:
+            return torch.tensor(list(values), dtype=torch.long)
+
+        return cls(tensor(r for r, _ in arena), tensor(c for _, c in arena),
+                   tensor(r for r, _ in staged), tensor(c for _, c in staged),
+                   tensor(c if c < a else -1 for c in cells), tensor(c - a if c >= a else -1 for c in cells),
+                   bool(arena), bool(staged))
+
+    def to(self, device: torch.device) -> StepWrites:
+        return StepWrites(*(t.to(device, non_blocking=True) for t in (
+            self.arena_rows, self.arena_cells, self.staged_rows, self.staged_cells, self.arena_index,
+            self.staged_index)), self.in_arena, self.in_staging)
+
+
 class RingCells:
+    __slots__ = ("arena", "staging", "host", "host_index", "writes", "writeback", "num_arena_cells")
+
     def __init__(
         self,
         arena: Cells,  # [kv_heads, A, head_dim] this layer's arena
         staging: Cells,  # [kv_heads, >= S, head_dim] the device's staging buffer
         host: Cells,  # [kv_heads, pool cells, head_dim] this layer's pool storage
         host_index: Tensor,  # [tokens] the pool cell of each new token (on the host)
-        # rows and cells in the arena, rows and cells in staging, then each row's arena cell and
-        # staging cell [tokens] (-1: not written there)
-        writes: tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor],
+        writes: StepWrites,  # where the step's new cells lie, on this layer's device
         writeback: list | None,  # None: write the host now; else (host, index, x on host) for finish()
     ):
         self.arena = arena
@@ -74,13 +113,13 @@ class RingCells:
     def write(self, index: Tensor, x: Tensor) -> None:
         """x [kv_heads, len(index), head_dim] into virtual cells `index` (split by the step
         beforehand into `writes`, so no device sync here) and into its pool cells."""
-        arena_rows, arena_cells, staged_rows, staged_cells = self.writes[:4]
-        if arena_rows.numel() == x.shape[1]:
-            self.arena.write(arena_cells, x)
+        w = self.writes
+        if not w.in_staging:
+            self.arena.write(w.arena_cells, x)
         else:
-            if arena_rows.numel():
-                self.arena.write(arena_cells, x.index_select(1, arena_rows))
-            self.staging.write(staged_cells, x.index_select(1, staged_rows))
+            if w.in_arena:
+                self.arena.write(w.arena_cells, x.index_select(1, w.arena_rows))
+            self.staging.write(w.staged_cells, x.index_select(1, w.staged_rows))
         if self.writeback is None:
             self.host.write(self.host_index, x)
         else:  # an accelerator: the host copy is written once the step's forward is done
@@ -94,12 +133,12 @@ class RingCells:
         virtual one: the step split it into `writes`); else None."""
         if self.writeback is not None:
             return None
-        arena_rows, _, staged_rows, _, arena_index, staged_index = self.writes
+        w = self.writes
         pairs = [(self.host, v.host, self.host_index)]
-        if arena_rows.numel():
-            pairs.append((self.arena, v.arena, arena_index))
-        if staged_rows.numel():
-            pairs.append((self.staging, v.staging, staged_index))
+        if w.in_arena:
+            pairs.append((self.arena, v.arena, w.arena_index))
+        if w.in_staging:
+            pairs.append((self.staging, v.staging, w.staged_index))
         k_views, v_views, indices = [], [], []
         for k_cells, v_cells, cells in pairs:
             k_view, v_view = k_cells.kernel_view(dtype), v_cells.kernel_view(dtype)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from strata.cells.protocol import Cells
-from strata.cells.ring_cells import RingCells
+from strata.cells.ring_cells import RingCells, StepWrites
 from strata.kv.residency import ResidencyPlan
 
 if TYPE_CHECKING:
@@ -52,21 +52,15 @@ class RingStep:
     """One step's copies and addressing; `layer_caches(i)` makes layer i's K/V readable."""
 
     def __init__(self, ring: KVRing, pages: PageMap, admit: list, stage: list, host_write_index: torch.Tensor,
-                 write_index: torch.Tensor, plan: ResidencyPlan):
+                 writes: Sequence[int], plan: ResidencyPlan):
         self.ring = ring
         self.pages = pages
         self.admit = admit  # (pool cell, arena cell, cells)
         self.stage = stage  # (pool cell, staging cell, cells)
         self.host_write_index = host_write_index  # [tokens] on the host
-        self.write_index = write_index  # [tokens] virtual cells (cells/ring_cells.py), on the host
-        in_arena = write_index < pages.num_arena_cells
-        staged = write_index - pages.num_arena_cells
-        # (rows, cells) written in the arena, and in staging (cells from its start), then each
-        # buffer's cell per row (-1: not written there: the fused rope-write's skip), per device
-        none = torch.full_like(write_index, -1)
-        split = (in_arena.nonzero().view(-1), write_index[in_arena], (~in_arena).nonzero().view(-1), staged[~in_arena],
-                 torch.where(in_arena, write_index, none), torch.where(in_arena, none, staged))
-        self._writes = {d: tuple(t.to(d, non_blocking=True) for t in split) for d in ring.devices}
+        self.write_index = torch.tensor(writes, dtype=torch.long)  # [tokens] virtual cells (cells/ring_cells.py)
+        split = StepWrites.split(writes, pages.num_arena_cells)
+        self._writes = {d: split if d.type == "cpu" else split.to(d) for d in ring.devices}
         self.plan = plan
         self.writeback: list | None = [] if ring.is_accelerated else None
         self._ready: dict[int, object] = {}  # layer -> the copy stream's event (accelerators)
@@ -91,12 +85,12 @@ class RingStep:
         dev = r.layer_devices[i]
         if dev.type == "cuda":
             self._cuda_copies(i, dev)
-        else:
+        elif self.admit or self.stage:
             self._issue(i, non_blocking=False)
         k_stage, v_stage = self._buffer(i)
-        index, writes = self.host_write_index, self._writes[dev]
-        return (RingCells(r.arena_k[i], k_stage, r.host.k[i], index, writes, self.writeback),
-                RingCells(r.arena_v[i], v_stage, r.host.v[i], index, writes, self.writeback))
+        index, writes, writeback = self.host_write_index, self._writes[dev], self.writeback
+        return (RingCells(r.arena_k[i], k_stage, r.host.k[i], index, writes, writeback),
+                RingCells(r.arena_v[i], v_stage, r.host.v[i], index, writes, writeback))
 
     def _cuda_copies(self, i: int, dev: torch.device) -> None:
         """Layer i's copies were issued on the side stream while layer i-1 ran (or are issued now);

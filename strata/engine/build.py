@@ -9,6 +9,7 @@ import os
 from dataclasses import dataclass
 
 import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from strata.cells.ring_groups import GroupedRing
 from strata.cells.storage import KVStorage, kv_bytes_per_cell
@@ -23,11 +24,13 @@ from strata.kv.reserve import ReservedLayout
 from strata.kv.ring_rule import round_up, window_ring_cells
 from strata.loader import ModelSource
 from strata.loader.build import TORCH_DTYPES
+from strata.loader.gguf_file import open_gguf
 from strata.loader.model_load import ModelLoad
 from strata.loader.tokenizer import Tokenizer
 from strata.models.config import ModelConfig
 from strata.models.fused import load_quant_ops
 from strata.models.llama import LlamaModel
+from strata.models.q4x8 import Q8_RECORD, q8x8_faster
 from strata.engine.expert_cache import attach_expert_cache
 from strata.runner.runner import ModelRunner
 
@@ -102,15 +105,30 @@ def ring_arenas(config: EngineConfig, groups: tuple[LayerGroup, ...]) -> list[in
 def _weight_bytes(config: EngineConfig, load: ModelLoad) -> int:
     """The model's weights in the compute dtype; a GGUF file under `--weights native` holds its
     blocks as stored: the file's size (a type without a kernel loads dense: its warning says so);
-    under `--weights auto` the dense copy and, beside it, at most the file's blocks. Without the
-    kernels, or on an accelerator, every mode holds the dense copy only (models/linear.py)."""
+    under `--weights auto` the dense copy and, beside it, at most the file's blocks (Q5_0's widened,
+    `_widened_bytes`). Without the kernels, or on an accelerator, every mode holds the dense copy
+    only (models/linear.py)."""
     path = load.path
     dense = num_weight_params(load.config) * torch.empty(0, dtype=TORCH_DTYPES[config.dtype]).element_size()
     in_place = load_quant_ops() is not None and all(d == "cpu" for d in config.devices)
     if (config.weights == "dense" or not in_place or path is None or not path.endswith(".gguf")
             or not os.path.isfile(path)):
         return dense
-    return os.path.getsize(path) + (dense if config.weights == "auto" else 0)
+    if config.weights != "auto":
+        return os.path.getsize(path)
+    return os.path.getsize(path) + dense + _widened_bytes(path, config.dtype)
+
+
+def _widened_bytes(path: str, dtype: str) -> int:
+    """Bytes `--weights auto` holds beyond a file's blocks: where decode rows read Q5_0 through
+    the q8x8 form (bfloat16 on AVX-512 VNNI, models/linear.py), each 22-byte block becomes 34
+    (counted for every Q5_0 tensor: a bound, as a projection mixing types keeps the blocks).
+    Reads the file's tensor table only, no tensor data."""
+    if dtype != "bfloat16" or not q8x8_faster():
+        return 0
+    q5_0 = GGMLQuantizationType.Q5_0
+    blocks = sum(int(t.n_bytes) for t in open_gguf(path).tensors if t.tensor_type == q5_0) // GGML_QUANT_SIZES[q5_0][1]
+    return blocks * (Q8_RECORD // 8 - GGML_QUANT_SIZES[q5_0][1])  # a record holds 8 columns' block
 
 
 def _memory_plan(config: EngineConfig, load: ModelLoad, layout: KVLayout, draft: ModelLoad | None,

@@ -263,3 +263,27 @@ def test_the_memory_guard_counts_what_each_weights_mode_holds(kernels, tmp_path,
     else:
         assert native.weight_bytes == dense.weight_bytes == auto.weight_bytes > os.path.getsize(path)
     assert native.kv_bytes == dense.kv_bytes == auto.kv_bytes
+
+
+def test_the_memory_guard_counts_q5_0_as_the_form_auto_holds(tmp_path, fields, monkeypatch):
+    """Under `--weights auto` in bf16 where the kernels run VNNI, Q5_0 projections are held in the
+    q8x8 form (34 bytes a block and column instead of 22): the guard counts the widening, and what
+    the layers hold of it stays within the count."""
+    import os
+
+    import strata.engine.build as build
+    from strata.models.q4x8 import q8x8_faster
+
+    require_quant_ops()
+    path = tiny_file(tmp_path, QT.Q5_0, fields, tied=False)
+    plans = {}
+    monkeypatch.setattr(build, "check_memory", lambda plan, *a: plans.setdefault(len(plans), plan))
+    engine(path, "dense", "bfloat16")
+    auto = engine(path, "auto", "bfloat16")
+    q5_0 = sum(int(t.n_bytes) for t in GGUFReader(path).tensors if t.tensor_type == QT.Q5_0)
+    widened = q5_0 // 22 * 12 if q8x8_faster() else 0
+    assert plans[1].weight_bytes == plans[0].weight_bytes + os.path.getsize(path) + widened
+    held = sum(p.x8.num_bytes for layer in auto._model.layers for p in layer.fused.projections if p.x8 is not None)
+    layer_q5_0 = sum(int(t.n_bytes) for t in GGUFReader(path).tensors
+                     if t.tensor_type == QT.Q5_0 and t.name.startswith("blk."))
+    assert held == (layer_q5_0 // 22 * 34 if q8x8_faster() else 0)
