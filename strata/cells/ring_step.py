@@ -85,7 +85,7 @@ class RingStep:
         dev = r.layer_devices[i]
         if dev.type == "cuda":
             self._cuda_copies(i, dev)
-        elif self.admit or self.stage:
+        else:
             self._issue(i, non_blocking=False)
         k_stage, v_stage = self._buffer(i)
         index, writes, writeback = self.host_write_index, self._writes[dev], self.writeback
