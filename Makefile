@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test test-unit test-model test-server venv bench clean
 
-$(STAMP): pyproject.toml setup.py $(wildcard strata/csrc/*.cpp)
+$(STAMP): pyproject.toml setup.py $(wildcard strata/csrc/*)
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip setuptools wheel
 	# The CPU build of torch, pinned (a bare `torch` pulls a multi-GB CUDA build).

@@ -37,23 +37,62 @@ namespace {
 inline float to_f(float x) { return x; }
 inline float to_f(c10::BFloat16 x) { return static_cast<float>(x); }
 
+// 8 lanes a step (vec.h), the rest one at a time; the sum of squares in 8 partial sums.
 template <typename T>
 void rms_row(const T* x, const T* w, T* y, int64_t n, float eps) {
-  float ss = 0.f;
-  for (int64_t i = 0; i < n; ++i) { float v = to_f(x[i]); ss += v * v; }
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = strata::load8(x + i);
+    acc = _mm256_fmadd_ps(v, v, acc);
+  }
+  float ss = strata::hsum8(acc);
+  for (; i < n; ++i) { float v = to_f(x[i]); ss += v * v; }
   const float inv = 1.f / std::sqrt(ss / static_cast<float>(n) + eps);
   // As torch's rms_norm: normalise in float32, round to T, then multiply by the weight.
-  for (int64_t i = 0; i < n; ++i) y[i] = static_cast<T>(static_cast<float>(static_cast<T>(to_f(x[i]) * inv)) * to_f(w[i]));
+  const __m256 iv = _mm256_set1_ps(inv);
+  for (i = 0; i + 8 <= n; i += 8)
+    strata::store8(y + i, _mm256_mul_ps(strata::round_to(_mm256_mul_ps(strata::load8(x + i), iv), x), strata::load8(w + i)));
+  for (; i < n; ++i) y[i] = static_cast<T>(static_cast<float>(static_cast<T>(to_f(x[i]) * inv)) * to_f(w[i]));
+}
+
+// x[i] = x[i] + d[i], rounded to T once.
+template <typename T>
+void add_row(T* x, const T* d, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) strata::store8(x + i, _mm256_add_ps(strata::load8(x + i), strata::load8(d + i)));
+  for (; i < n; ++i) x[i] = static_cast<T>(to_f(x[i]) + to_f(d[i]));
+}
+
+// Rotate-half: [a, b] -> [a cos - b sin, b cos + a sin], each rounded to T (half values each).
+template <typename T>
+void rotate_half(const T* in, const T* c, const T* s, T* out, int64_t half) {
+  int64_t i = 0;
+  for (; i + 8 <= half; i += 8) {
+    const __m256 a = strata::load8(in + i), b = strata::load8(in + half + i);
+    const __m256 cc = strata::load8(c + i), ss = strata::load8(s + i);
+    strata::store8(out + i, _mm256_fmsub_ps(a, cc, _mm256_mul_ps(b, ss)));
+    strata::store8(out + half + i, _mm256_fmadd_ps(b, cc, _mm256_mul_ps(a, ss)));
+  }
+  for (; i < half; ++i) {
+    const float a = to_f(in[i]), b = to_f(in[i + half]), cc = to_f(c[i]), ss = to_f(s[i]);
+    out[i] = static_cast<T>(a * cc - b * ss);
+    out[i + half] = static_cast<T>(b * cc + a * ss);
+  }
 }
 
 }  // namespace
+
+// float32 and bfloat16: the types the vectorised rows (vec.h) load and store.
+#define STRATA_DISPATCH_F32_BF16(TYPE, NAME, ...) \
+  AT_DISPATCH_SWITCH(TYPE, NAME, AT_DISPATCH_CASE(at::kFloat, __VA_ARGS__) AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__))
 
 namespace strata {
 
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
   auto y = torch::empty_like(x);
   const int64_t rows = x.size(0), n = x.size(1);
-  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "rms_norm", [&] {
+  STRATA_DISPATCH_F32_BF16(x.scalar_type(), "rms_norm", [&] {
     const scalar_t* xp = x.data_ptr<scalar_t>();
     const scalar_t* wp = w.data_ptr<scalar_t>();
     scalar_t* yp = y.data_ptr<scalar_t>();
@@ -67,7 +106,7 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
 torch::Tensor add_rms_norm(torch::Tensor x, torch::Tensor d, torch::Tensor w, double eps) {
   auto y = torch::empty_like(x);
   const int64_t rows = x.size(0), n = x.size(1);
-  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "add_rms_norm", [&] {
+  STRATA_DISPATCH_F32_BF16(x.scalar_type(), "add_rms_norm", [&] {
     scalar_t* xp = x.data_ptr<scalar_t>();
     const scalar_t* dp = d.data_ptr<scalar_t>();
     const scalar_t* wp = w.data_ptr<scalar_t>();
@@ -75,8 +114,7 @@ torch::Tensor add_rms_norm(torch::Tensor x, torch::Tensor d, torch::Tensor w, do
     at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         scalar_t* xr = xp + r * n;
-        const scalar_t* dr = dp + r * n;
-        for (int64_t i = 0; i < n; ++i) xr[i] = static_cast<scalar_t>(to_f(xr[i]) + to_f(dr[i]));
+        add_row(xr, dp + r * n, n);
         rms_row(xr, wp, yp + r * n, n, static_cast<float>(eps));
       }
     });
@@ -105,7 +143,7 @@ torch::Tensor rope_write(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin
       TORCH_CHECK(cells[j][t] >= -1 && cells[j][t] < size, "rope_write: cell ", cells[j][t], " outside [0, ", size, ")");
   }
   auto q = torch::empty({tokens, heads, dim}, qkv.options());
-  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, qkv.scalar_type(), "rope_write", [&] {
+  STRATA_DISPATCH_F32_BF16(qkv.scalar_type(), "rope_write", [&] {
     const scalar_t* x = qkv.data_ptr<scalar_t>();
     const scalar_t* c = cos.data_ptr<scalar_t>();
     const scalar_t* s = sin.data_ptr<scalar_t>();
@@ -122,11 +160,7 @@ torch::Tensor rope_write(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin
         for (int64_t h = 0; h < heads + kv_heads; ++h) {
           const scalar_t* in = xt + h * dim;
           scalar_t* out = h < heads ? qp + (t * heads + h) * dim : rotated.data();
-          for (int64_t i = 0; i < half; ++i) {
-            const float a = to_f(in[i]), b = to_f(in[i + half]), cc = to_f(ct[i]), ss = to_f(st[i]);
-            out[i] = static_cast<scalar_t>(a * cc - b * ss);
-            out[i + half] = static_cast<scalar_t>(b * cc + a * ss);
-          }
+          rotate_half(in, ct, st, out, half);
           if (h < heads) continue;
           for (size_t j = 0; j < copies; ++j)
             if (cells[j][t] >= 0)

@@ -62,11 +62,14 @@ NEW = 16
 # (97.3 % / 0.201 on a Zen 3 EPYC; 99.7 % / 0.178 against bfloat16). The q8x8 head (the same
 # file values, 15-bit activations; a Zen 4 EPYC): 97.5 % / 0.193 against float32, 99.2 % / 0.177
 # against bfloat16 (the int8 head there: 98.4 % / 0.205, 97.3 % / 0.187); its break 97.3 % / 0.235.
+# With the decode attention's weighted values by vdpbf16ps and the norms' 8-lane sums (the same
+# CPU): 98.9 % / 0.172 against float32, 97.5 % / 0.178 against bfloat16, the break 99.2 % / 0.208
+# (within 0.22: the mean bound for this pair is 0.20 against float32).
 INT4 = {"float32": (0.97, 0.22), "bfloat16": (0.95, 0.24)}
 BOUNDS = {("int4", "int8"): INT4, ("int4", "quant"): INT4,
           ("x8", "int8"): {"float32": (0.98, 0.22), "bfloat16": (0.95, 0.24)},
           ("x8", "quant"): {"float32": (0.965, 0.22), "bfloat16": (0.95, 0.24)},
-          ("x8", "x8"): {"float32": (0.965, 0.22), "bfloat16": (0.95, 0.24)}}
+          ("x8", "x8"): {"float32": (0.965, 0.20), "bfloat16": (0.95, 0.24)}}
 REFERENCES = ("bfloat16", "float32")
 MIN_GREEDY = 0.9  # the engine's greedy tokens that are the reference's argmax after the same prefix
 
