@@ -9,10 +9,12 @@ causally aligned to its last cell.
 Rows of the step's token batch: the decoding lanes first (one row each, in group order),
 then each prefill piece's rows in order.
 
-A prompt's sampling row (its last) is read again on its own, as one query over all its cells
-(`AttentionMeta.samples`, runner/inputs.py): its output is then the same whether it was the
-last row of a long piece (a cold prompt) or a piece of one row (a retry whose prefix is cached),
-and whatever its lane's cells' layout (models/rows.py).
+A prompt's sampling row (its last) attends as one query over all its cells: with the fused
+decode kernel a piece's rows are read so, each over its own cells (a `DecodeSpans` read of
+the piece's rows); otherwise the row is read again on its own (`AttentionMeta.samples`,
+runner/inputs.py). Its output is then the same whether it was the last row of a long piece
+(a cold prompt) or a piece of one row (a retry whose prefix is cached), and whatever its
+lane's cells' layout (models/rows.py).
 
 A layer's caches are `Cells` (cells/protocol.py): attention writes and reads them only
 through that protocol, whatever stores them (dense, int8 quantised on the write and
@@ -37,7 +39,7 @@ class AttentionMeta:
     """One step's addressing on one device; shared by every layer on it."""
 
     write_index: torch.Tensor  # [tokens] the flat cell each new token's K/V goes to
-    decode: tuple[DecodeRead, ...]  # groups of the decoding lanes, rows in order
+    decode: tuple[DecodeRead, ...]  # groups of the decoding lanes, rows in order; then prompt pieces read row by row
     prefills: tuple[PrefillRead, ...]
     # one row each: a prompt's sampling row, read after (and over) its piece's output, if any
     samples: tuple[DecodeRead, ...] = ()

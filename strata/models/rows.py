@@ -14,8 +14,10 @@ answers the same, every token:
   a dense GEMM's rows are not bit-identical across row counts (the library picks its kernel
   by the count);
 - it attends as one query over all its cells, summed in position order whatever the lane's
-  layout (runner/inputs.py `_sample_read`, models/attention.py `AttentionMeta.samples`), not
-  within its piece's causal attention (SDPA's blocks depend on the piece's rows);
+  layout, not within its piece's causal attention (SDPA's blocks depend on the piece's rows):
+  with the fused decode kernel every row of a piece of up to SPANS_MAX_PROMPT_ROWS reads so
+  (runner/inputs.py `_spans_read`), else the sampling row is read again alone
+  (`_sample_read`, models/attention.py `AttentionMeta.samples`);
 - the norms (models/layers.py), the rotation and K/V write, and the MLP's activation compute
   each row by itself, by one kernel at any row count (the fused norm and torch's round
   differently: the fused one, where loaded, takes every step).
@@ -73,13 +75,18 @@ def dense_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     itself, the runs between them together."""
     if not alone:
         return linear(x[first:] if first else x, weight, bias)
-    parts: list[torch.Tensor] = []
-    start = first
+    bounds = [first]
     for a in alone:
-        if a > start:
-            parts.append(linear(x[start:a], weight, bias))
-        parts.append(linear(x[a:a + 1], weight, bias))
-        start = a + 1
-    if start < x.shape[0]:
-        parts.append(linear(x[start:], weight, bias))
-    return parts[0] if len(parts) == 1 else torch.cat(parts)
+        bounds += [a, a + 1] if a > bounds[-1] else [a + 1]
+    if bounds[-1] < x.shape[0]:
+        bounds.append(x.shape[0])
+    if bf16_gemm_in_f32(x):
+        return torch.cat([linear(x[a:b], weight, bias) for a, b in zip(bounds, bounds[1:])])
+    # each part's GEMM written in place into its rows of the output (F.linear's own mm/addmm)
+    out = x.new_empty(x.shape[0] - first, weight.shape[0])
+    for a, b in zip(bounds, bounds[1:]):
+        if bias is None:
+            torch.mm(x[a:b], weight.t(), out=out[a - first : b - first])
+        else:
+            torch.addmm(bias, x[a:b], weight.t(), out=out[a - first : b - first])
+    return out

@@ -39,6 +39,10 @@ class StepInputs:
 
 
 VERIFY_MAX_ROWS = 8
+# A prompt piece of at most this many rows is read by the fused decode kernel, each row over its
+# cells; a longer one by SDPA's causal flash attention, whose tiles reuse keys across rows and
+# win there (docs/benchmarks.md, "Prompt rows through the decode kernel").
+SPANS_MAX_PROMPT_ROWS = 1024
 
 
 def _write_cells(w: LaneWork, chunk_size: int) -> list[int]:
@@ -104,19 +108,29 @@ def _decode_groups(decode: Sequence[LaneWork], cells: ChunkCells) -> tuple[list[
     return ordered, tuple(groups)
 
 
-def _decode_spans(decode: Sequence[LaneWork], chunk_size: int, kernel: Callable) -> tuple[DecodeRead, ...]:
-    """Every decode row in one read: each lane's table as runs of consecutive chunks. A lane
-    of several rows (a verify step's pending token and drafts) gives each row its own spans:
-    row i (position start + i) sees cells 0..start + i, its own included, as decoding one
-    token at a time would (the step's K/V is written before any row attends)."""
+def _row_spans(w: LaneWork, chunk_size: int, spans: list[tuple[int, int]], row_spans: list[int]) -> None:
+    """Appends each of the lane's rows' spans: row i (position start + i) sees cells 0..start + i,
+    its own included, as runs of consecutive chunks in position order (the step's K/V is
+    written before any row attends)."""
+    runs = [(r.start, r.stop - r.start) for r in chunk_runs(w.chunk_ids, w.num_cells, chunk_size)]
+    k, before = 0, 0  # the run holding the row's last cell, and the positions before it
+    for seen in range(w.start + 1, w.num_cells + 1):
+        while before + runs[k][1] < seen:
+            before += runs[k][1]
+            k += 1
+        spans += runs[:k]
+        spans.append((runs[k][0], seen - before))
+        row_spans.append(len(spans))
+
+
+def _spans_read(work: Sequence[LaneWork], row: int, chunk_size: int, kernel: Callable) -> DecodeSpans:
+    """The rows of `work` (rows from `row` on, in order) in one read of the fused decode kernel."""
     spans: list[tuple[int, int]] = []
     row_spans = [0]
-    for w in decode:
-        for seen in range(w.start + 1, w.num_cells + 1):
-            spans += [(r.start, r.stop - r.start) for r in chunk_runs(w.chunk_ids, seen, chunk_size)]
-            row_spans.append(len(spans))
-    return (DecodeSpans(0, len(row_spans) - 1, torch.tensor(spans, dtype=torch.long),
-                        torch.tensor(row_spans, dtype=torch.long), kernel),)
+    for w in work:
+        _row_spans(w, chunk_size, spans, row_spans)
+    return DecodeSpans(row, len(row_spans) - 1, torch.tensor(spans, dtype=torch.long),
+                       torch.tensor(row_spans, dtype=torch.long), kernel)
 
 
 def _sample_read(w: LaneWork, row: int, cells: ChunkCells, kernel: Callable | None) -> DecodeRead:
@@ -150,7 +164,7 @@ def build_inputs(work: Sequence[LaneWork], cells: ChunkCells, decode_kernel: Cal
     fused = decode_kernel is not None and not windows
     decoding = [w for w in work if (_fused_rows(w) if fused else w.reads_as_decode)]
     if decode_kernel is not None and decoding:
-        decode, decode_groups = decoding, _decode_spans(decoding, chunk_size, decode_kernel)
+        decode, decode_groups = decoding, (_spans_read(decoding, 0, chunk_size, decode_kernel),)
     else:
         decode, decode_groups = _decode_groups(sorted(decoding, key=lambda w: w.num_cells), cells)
     # Pieces, each attending alone: a decoding lane's several rows (verify, a draft model's feed)
@@ -166,10 +180,16 @@ def build_inputs(work: Sequence[LaneWork], cells: ChunkCells, decode_kernel: Cal
         positions.extend(range(w.start, w.num_cells))
         writes.extend(_write_cells(w, chunk_size))
 
-    prefills, samples = [], []
+    prefills, samples, pieces = [], [], []
     row = sum(len(w.token_ids) for w in decode)
     for w in prefill:
         n = len(w.token_ids)
+        if fused and w.prompt and n <= SPANS_MAX_PROMPT_ROWS:
+            # Every row of the piece as one query over its cells, as a decoding lane's: so its
+            # sampling row is read as a retry's one-row piece would be (no separate sample read).
+            pieces.append(_spans_read([w], row, chunk_size, decode_kernel))
+            row += n
+            continue
         if w.prompt and w.do_sample:
             samples.append(_sample_read(w, row + n - 1, cells, decode_kernel))
             if n == 1:  # the sampling row alone: no piece read
@@ -202,7 +222,8 @@ def build_inputs(work: Sequence[LaneWork], cells: ChunkCells, decode_kernel: Cal
                 alone.append(row - 1)
         if not w.prompt:
             decode_rows, decode_logits = row, len(sample_rows)
-    meta = AttentionMeta(torch.tensor(writes, dtype=torch.long), decode_groups, tuple(prefills), tuple(samples))
+    meta = AttentionMeta(torch.tensor(writes, dtype=torch.long), decode_groups + tuple(pieces), tuple(prefills),
+                         tuple(samples))
     if grouped:
         metas = group_metas(meta, ordered, windows, chunk_size, decode_kernel)
     else:

@@ -28,7 +28,8 @@ def work(lane, tokens, start, chunks, sample=True, prompt=False):
 
 def test_with_the_fused_kernel_every_decode_row_reads_its_runs_of_chunks():
     """One `DecodeSpans` for all decoding lanes, rows in work order, each lane's chunk table as
-    runs of consecutive chunks (the last cut to its cells); prefill pieces read as before."""
+    runs of consecutive chunks (the last cut to its cells); a prompt piece's rows in one more,
+    each over its cells up to its own (no prefill or sample read)."""
     c = 4
     kernel = object()
     ws = [
@@ -39,13 +40,34 @@ def test_with_the_fused_kernel_every_decode_row_reads_its_runs_of_chunks():
     ]
     inp = build_inputs(ws, ChunkCells(c, 64), kernel)
     assert [w.lane for w in inp.work] == [1, 2, 3, 0]
-    (d,) = inp.meta.decode
+    d, p = inp.meta.decode
     assert isinstance(d, DecodeSpans) and (d.row_start, d.num_rows) == (0, 3) and d.kernel is kernel
     assert d.spans.tolist() == [[8, 8], [28, 2], [20, 1], [0, 8]]
     assert d.row_spans.tolist() == [0, 2, 3, 4]
     assert inp.meta.write_index.tolist()[:3] == [29, 20, 7]
-    (p,) = inp.meta.prefills
-    assert isinstance(p, PrefillContiguous) and (p.row_start, p.row_end) == (3, 5)
+    assert isinstance(p, DecodeSpans) and (p.row_start, p.num_rows) == (3, 2) and p.kernel is kernel
+    assert p.spans.tolist() == [[36, 1], [36, 2]] and p.row_spans.tolist() == [0, 1, 2]
+    assert inp.meta.prefills == () and inp.meta.samples == ()
+
+
+def test_with_the_fused_kernel_a_prompt_piece_reads_each_row_over_its_runs():
+    """A piece from the middle of a table over several runs: row i sees the runs before the one
+    holding its position whole, and that one up to its own cell; a piece longer than
+    SPANS_MAX_PROMPT_ROWS is read by SDPA as before, its sampling row alone."""
+    from strata.runner.inputs import SPANS_MAX_PROMPT_ROWS
+
+    c = 4
+    kernel = object()
+    # positions 6..10 of a table over chunks 3, 4 (a run) and 9: cells 12..19, then 36..
+    inp = build_inputs([work(0, [1, 2, 3, 4, 5], 6, [3, 4, 9], prompt=True)], ChunkCells(c, 64), kernel)
+    (p,) = inp.meta.decode
+    assert (p.row_start, p.num_rows) == (0, 5)
+    rows = [p.spans[a:b].tolist() for a, b in zip(p.row_spans[:-1].tolist(), p.row_spans[1:].tolist())]
+    assert rows == [[[12, 7]], [[12, 8]], [[12, 8], [36, 1]], [[12, 8], [36, 2]], [[12, 8], [36, 3]]]
+    assert inp.meta.write_index.tolist() == [18, 19, 36, 37, 38]
+    n = SPANS_MAX_PROMPT_ROWS + 1
+    long = build_inputs([work(0, list(range(n)), 0, range(-(-n // c)), prompt=True)], ChunkCells(c, 4096), kernel)
+    assert long.meta.decode == () and len(long.meta.prefills) == 1 and len(long.meta.samples) == 1
 
 
 def test_decode_rows_come_first_and_address_their_cells():
