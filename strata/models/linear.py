@@ -90,7 +90,10 @@ class Linear:
             return dense_rows(x, self.weight, self.bias, 0, alone)
         if d == x.shape[0]:
             return self._four_bit(x)
-        return torch.cat([self._four_bit(x[:d]), dense_rows(x, self.weight, self.bias, d, alone)])
+        out = x.new_empty(x.shape[0], self.weight.shape[0])
+        out[:d] = self._four_bit(x[:d])
+        dense_rows(x, self.weight, self.bias, d, alone, out[d:])
+        return out
 
     def _four_bit(self, x: torch.Tensor) -> torch.Tensor:
         if self.x8 is not None:

@@ -70,10 +70,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def dense_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, first: int,
-               alone: Sequence[int] = ()) -> torch.Tensor:
+               alone: Sequence[int] = (), out: torch.Tensor | None = None) -> torch.Tensor:
     """x[first:] @ weight^T (+ bias) -> [rows - first, out], each row of `alone` (>= first) by
-    itself, the runs between them together."""
-    if not alone:
+    itself, the runs between them together; written into `out` when given (contiguous rows)."""
+    if not alone and out is None:
         return linear(x[first:] if first else x, weight, bias)
     bounds = [first]
     for a in alone:
@@ -81,9 +81,11 @@ def dense_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     if bounds[-1] < x.shape[0]:
         bounds.append(x.shape[0])
     if bf16_gemm_in_f32(x):
-        return torch.cat([linear(x[a:b], weight, bias) for a, b in zip(bounds, bounds[1:])])
+        y = torch.cat([linear(x[a:b], weight, bias) for a, b in zip(bounds, bounds[1:])])
+        return y if out is None else out.copy_(y)
     # each part's GEMM written in place into its rows of the output (F.linear's own mm/addmm)
-    out = x.new_empty(x.shape[0] - first, weight.shape[0])
+    if out is None:
+        out = x.new_empty(x.shape[0] - first, weight.shape[0])
     for a, b in zip(bounds, bounds[1:]):
         if bias is None:
             torch.mm(x[a:b], weight.t(), out=out[a - first : b - first])
