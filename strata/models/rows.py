@@ -21,9 +21,10 @@ answers the same, every token:
 - the norms (models/layers.py), the rotation and K/V write, and the MLP's activation compute
   each row by itself, by one kernel at any row count (the fused norm and torch's round
   differently: the fused one, where loaded, takes every step).
-Decode steps after it then read the same cells at the same positions. Not so through the ring
-(runner/ring_reads.py) or in sliding-window layers cut to their window (runner/windows.py):
-there the row attends within its piece, equal within rounding.
+Decode steps after it then read the same cells at the same positions. Through the ring
+(runner/ring_reads.py) a piece of up to SPANS_MAX_PROMPT_ROWS rows that follows the step's
+decode rows is read the same way; a longer piece there, and sliding-window layers cut to their
+window (runner/windows.py), attend within the piece, equal within rounding.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from strata.cells.ring_groups import GroupedStep
 from strata.cells.ring_step import PageMap, RingStep
 from strata.models.attention import AttentionMeta
 from strata.models.cell_reads import DecodeContiguous, DecodeRuns, DecodeSpans, PrefillContiguous, PrefillRuns
-from strata.runner.inputs import VERIFY_MAX_ROWS
+from strata.runner.inputs import SPANS_MAX_PROMPT_ROWS, VERIFY_MAX_ROWS
 from strata.runner.reads import split_for_rows
 from strata.runner.windows import cut_meta, runs_from, window_metas
 from strata.step import LaneWork
@@ -95,9 +95,9 @@ def ring_meta(work: Sequence[LaneWork], step: RingStep, kernel: Callable | None 
     """`work` in row order (decode rows first, then pieces), as build_inputs orders
     it; the step's virtual write index already follows that order. `kernel`: every decode
     row through the fused decode attention, over arena and staging runs alike; with
-    `verify_rows` also a verify step's few rows that follow them, each row over the cells up to
-    its own (as runner/inputs.py reads them without a ring: the kernel's blocks are positions,
-    so the two reads are bit-identical)."""
+    `verify_rows` also a verify step's few rows and prompt pieces of up to SPANS_MAX_PROMPT_ROWS
+    rows that follow them, each row over the cells up to its own (as runner/inputs.py reads them
+    without a ring: the kernel's blocks are positions, so the two reads are bit-identical)."""
     ring, where = step.ring, step.pages
     page = ring.page
     decode, prefills = [], []
@@ -107,7 +107,7 @@ def ring_meta(work: Sequence[LaneWork], step: RingStep, kernel: Callable | None 
     for w in work:
         runs = lane_runs(ring.lane_pages(w), w.num_cells, page, where)
         n = len(w.token_ids)
-        few = verify_rows and not w.prompt and n <= VERIFY_MAX_ROWS
+        few = verify_rows and n <= (SPANS_MAX_PROMPT_ROWS if w.prompt else VERIFY_MAX_ROWS)
         if kernel is not None and (w.reads_as_decode or few) and row == len(row_spans) - 1:
             for seen in range(w.start + 1, w.num_cells + 1):  # one row per token: cells 0 .. its own
                 spans += first_cells(runs, seen)
