@@ -44,7 +44,7 @@ FORMAT = 2  # bump when what an entry holds changes shape
 MAX_ENTRIES = 4
 # The modules whose classes an entry pickles: their source is part of the key.
 _PICKLED_MODULES = ("head.py", "layers.py", "linear.py", "llama.py", "config.py", "quant.py", "q4.py", "q4x8.py",
-                    "gemma3.py", "moe_block.py", "moe_model.py", "../models/experts.py")
+                    "gemma3.py", "moe_block.py", "moe_model.py", "packed.py", "../models/experts.py")
 
 
 @dataclass

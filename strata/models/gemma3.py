@@ -55,7 +55,7 @@ class Gemma3Layer:
         dtype, device = self.input_norm.weight.dtype, self.input_norm.weight.device
 
         def linear(names: list[str]):
-            return fused_linear(w, [layer_name(i, n) for n in names], None, weight_mode, dtype, device)
+            return fused_linear(w, [layer_name(i, n) for n in names], None, weight_mode, dtype, device, pack=True)
 
         self.qkv = linear([f"self_attn.{p}_proj.weight" for p in "qkv"])
         self.o = linear(["self_attn.o_proj.weight"])

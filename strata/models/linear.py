@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from strata.models.fused import load_quant_ops
 from strata.config import q4_kernel_from_env
 from strata.models.q4 import GROUP, Q4_TYPES, Q4Weight, pack_for_cpu, q4_from_blocks
+from strata.models.packed import PackedWeight, packs_weights
 from strata.models.q4x8 import Q8X8_TYPES, X8Matmul, q8x8_faster
 from strata.models.quant import QuantMatmul, QuantWeight
 from strata.models.rows import RowKinds, dense_rows
@@ -57,14 +58,14 @@ def quant_max_rows(dtype: torch.dtype) -> int:
 class Linear:
     """One projection (q|k|v or gate|up side by side).
 
-    `weight`: dense [out, in] in the compute dtype, or None; `quant`: the file's blocks read in
+    `weight`: dense [out, in] in the compute dtype (plain, or a PackedWeight), or None; `quant`: the file's blocks read in
     place; `int4`: (packed codes, scales_and_zeros) for torch's int4 kernel; `x8`: Q4_0/Q4_1
     blocks with 8 columns interleaved for strata's x8 kernel (at most one 4-bit form). With a dense weight
     beside a 4-bit form, a step's decode rows read the 4-bit form when it has at most
     `max_rows` of them; its prompt rows read the dense weight (`__call__`).
     """
 
-    def __init__(self, weight: torch.Tensor | None, bias: torch.Tensor | None = None,
+    def __init__(self, weight: torch.Tensor | PackedWeight | None, bias: torch.Tensor | None = None,
                  quant: QuantMatmul | None = None, int4: tuple[torch.Tensor, torch.Tensor] | None = None,
                  max_rows: int | None = None, x8: X8Matmul | None = None):
         assert weight is not None or quant is not None or x8 is not None
@@ -141,10 +142,13 @@ def fused_linear(
     weight_mode: str,
     dtype: torch.dtype,
     device: torch.device,
+    pack: bool = False,
 ) -> Linear | Concat:
     """One projection computing `names` side by side. Parts stored as `name + ".quant"` are
     read as the module docstring says; elsewhere they are dequantised. The parts are taken out
-    of `weights` (the unfused copies go as the model is built, not after it)."""
+    of `weights` (the unfused copies go as the model is built, not after it). `pack`: its dense
+    weight is held in the GEMM's layout where that runs (models/packed.py; not for storage the
+    expert cache copies, which must stay plain tensors)."""
     quant = [weights.pop(n + ".quant", None) for n in names]
     parts = [weights.pop(n) if n in weights or quant[i] is None else None for i, n in enumerate(names)]
     bias = torch.cat([weights.pop(b) for b in bias_names]) if bias_names else None
@@ -156,8 +160,11 @@ def fused_linear(
             w = quant[i].dequantize(dtype).to(device)
         return w
 
-    def all_dense() -> torch.Tensor:
-        return torch.cat([dense(i) for i in range(len(names))])
+    packed = pack and packs_weights(dtype, device)
+
+    def all_dense() -> torch.Tensor | PackedWeight:
+        w = torch.cat([dense(i) for i in range(len(names))])
+        return PackedWeight(w) if packed else w
 
     if not in_place or all(q is None for q in quant):
         return Linear(all_dense(), bias)
@@ -185,7 +192,8 @@ def fused_linear(
         if quant[i] is not None:
             runs.append(Linear(None, None, QuantMatmul(quant[i:j])))
         else:
-            runs.append(Linear(torch.cat([dense(k) for k in range(i, j)]), None))
+            w = torch.cat([dense(k) for k in range(i, j)])
+            runs.append(Linear(PackedWeight(w) if packed else w, None))
         i = j
     if len(runs) == 1:
         runs[0].bias = bias

@@ -53,7 +53,8 @@ class DecoderLayer:
         norm = self.input_norm.weight  # in the compute dtype, on this layer's device
 
         def linear(names: list[str], biases: list[str] | None):
-            return fused_linear(w, [layer_name(i, n) for n in names], biases, weight_mode, norm.dtype, norm.device)
+            return fused_linear(w, [layer_name(i, n) for n in names], biases, weight_mode, norm.dtype, norm.device,
+                                pack=True)
 
         biases = [layer_name(i, f"self_attn.{p}_proj.bias") for p in "qkv"] if cfg.attention_bias else None
         self.qkv = linear([f"self_attn.{p}_proj.weight" for p in "qkv"], biases)
@@ -79,8 +80,9 @@ class DecoderLayer:
         """The MLP's projections, taken out of `w` (a MoE layer overrides this and `ffn`)."""
         norm = self.input_norm.weight
         self.gate_up = fused_linear(w, [layer_name(i, f"mlp.{p}_proj.weight") for p in ("gate", "up")], None,
-                                    weight_mode, norm.dtype, norm.device)
-        self.down = fused_linear(w, [layer_name(i, "mlp.down_proj.weight")], None, weight_mode, norm.dtype, norm.device)
+                                    weight_mode, norm.dtype, norm.device, pack=True)
+        self.down = fused_linear(w, [layer_name(i, "mlp.down_proj.weight")], None, weight_mode, norm.dtype, norm.device,
+                                 pack=True)
 
     def ffn(self, h: torch.Tensor, ops=None, bank=None, kinds: RowKinds | None = None) -> torch.Tensor:
         """h [tokens, hidden] (post-attention normed) -> the MLP's output [tokens, hidden]."""

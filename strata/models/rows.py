@@ -35,6 +35,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from strata.models.packed import PackedWeight
+
 
 @dataclass(frozen=True)
 class RowKinds:
@@ -62,15 +64,21 @@ def bf16_gemm_in_f32(x: torch.Tensor) -> bool:
             and not torch.cpu._is_avx512_bf16_supported() and not torch.cpu._is_amx_tile_supported())
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+Weight = torch.Tensor | PackedWeight  # a dense [out, in] weight, plain or in the GEMM's layout
+
+
+def linear(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x @ weight^T (+ bias) in x's dtype: F.linear, or its float32 twin (`bf16_gemm_in_f32`),
-    bfloat16 values multiplied exactly and summed in float32, rounded once to bfloat16."""
+    bfloat16 values multiplied exactly and summed in float32, rounded once to bfloat16, or the
+    packed weight's GEMM (models/packed.py: only where bfloat16 GEMMs run natively)."""
+    if isinstance(weight, PackedWeight):
+        return weight.mm(x, bias)
     if bf16_gemm_in_f32(x):
         return F.linear(x.float(), weight.float(), None if bias is None else bias.float()).to(x.dtype)
     return F.linear(x, weight, bias)
 
 
-def dense_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, first: int,
+def dense_rows(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None, first: int,
                alone: Sequence[int] = (), out: torch.Tensor | None = None) -> torch.Tensor:
     """x[first:] @ weight^T (+ bias) -> [rows - first, out], each row of `alone` (>= first) by
     itself, the runs between them together; written into `out` when given (contiguous rows)."""
@@ -81,6 +89,12 @@ def dense_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         bounds += [a, a + 1] if a > bounds[-1] else [a + 1]
     if bounds[-1] < x.shape[0]:
         bounds.append(x.shape[0])
+    if isinstance(weight, PackedWeight):  # its GEMM makes its own output: copied into out's rows
+        if out is None:
+            out = x.new_empty(x.shape[0] - first, weight.shape[0])
+        for a, b in zip(bounds, bounds[1:]):
+            out[a - first : b - first] = weight.mm(x[a:b], bias)
+        return out
     if bf16_gemm_in_f32(x):
         y = torch.cat([linear(x[a:b], weight, bias) for a, b in zip(bounds, bounds[1:])])
         return y if out is None else out.copy_(y)

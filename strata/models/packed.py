@@ -1,0 +1,58 @@
+"""A dense projection weight held in the blocked layout of the CPU's bfloat16 GEMM (oneDNN).
+
+torch's bfloat16 `mm` on the CPU hands a plain [out, in] weight to oneDNN, which reorders it
+into its blocked layout on every call; for the row counts of prompt pieces and decode steps
+(1 to a few hundred rows) that reorder is a large share of the call. A `PackedWeight` is that
+layout made once at load, in place of the plain copy (the same bytes). The GEMM it runs is the
+one `mm` runs after its reorder, so its results are the same (tests/unit/test_packed.py).
+
+Only for bfloat16 weights on a CPU with AVX-512 BF16 or AMX (`packs_weights`): elsewhere the
+plain weight stays. Pickled (the prepared-model cache) as the plain weight, packed again on
+load.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# The row count oneDNN is told to expect: the layout it picks was measured flat in rows.
+ROWS_HINT = 64
+
+
+def packs_weights(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether dense projection weights of `dtype` on `device` are held as `PackedWeight`s."""
+    if dtype != torch.bfloat16 or device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    if not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+        return False
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
+class PackedWeight:
+    """[out, in] weight in oneDNN's blocked layout; `mm(x)` = x @ weight^T (+ bias)."""
+
+    def __init__(self, weight: torch.Tensor):
+        assert weight.dim() == 2 and weight.dtype == torch.bfloat16 and weight.device.type == "cpu"
+        self.shape = weight.shape
+        self.dtype = weight.dtype
+        self.device = weight.device
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), ROWS_HINT)
+
+    def mm(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x [rows, in] -> [rows, out] in bfloat16, summed in float32 (a new tensor)."""
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
+
+    def numel(self) -> int:
+        return self.shape[0] * self.shape[1]
+
+    def element_size(self) -> int:
+        return self.packed.element_size()
+
+    def plain(self) -> torch.Tensor:
+        return self.packed.to_dense()
+
+    def __getstate__(self) -> dict:
+        return {"weight": self.plain()}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["weight"])

@@ -1,0 +1,96 @@
+"""models/packed.py: a dense projection weight held in oneDNN's blocked layout where the CPU
+runs bfloat16 GEMMs natively. Its GEMM sums exact bfloat16 products in float32 and rounds
+once, like torch's `mm` (the values are checked against float64, so a wrong layout fails);
+it survives pickling (the prepared-model cache); `dense_rows` reads it with sampling rows
+alone and into a given output; a model's attention and MLP projections hold it, expert
+storage (copied by the expert cache) never does."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from strata.models.linear import fused_linear
+from strata.models.packed import PackedWeight, packs_weights
+from strata.models.rows import dense_rows, linear
+
+CPU = torch.device("cpu")
+needs_packing = pytest.mark.skipif(not packs_weights(torch.bfloat16, CPU),
+                                   reason="this CPU has no native bfloat16 GEMM (no AVX-512 BF16, no AMX)")
+
+
+def _close_to_exact(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> None:
+    want = F.linear(x.double(), w.double(), None if b is None else b.double())
+    assert got.dtype == torch.bfloat16
+    # a float32 sum of exact products, rounded once (a bias added in float32 before the rounding)
+    torch.testing.assert_close(got.double(), want, rtol=2 ** -7, atol=1e-3)
+
+
+def test_only_bfloat16_cpu_weights_are_packed():
+    assert not packs_weights(torch.float32, CPU)
+    assert not packs_weights(torch.bfloat16, torch.device("meta"))
+
+
+@needs_packing
+@settings(max_examples=25, deadline=None)
+@given(rows=st.integers(1, 130), out=st.sampled_from([8, 40, 96]), inp=st.sampled_from([16, 64, 200]),
+       bias=st.booleans(), seed=st.integers(0, 2 ** 16))
+def test_the_packed_gemm_sums_exact_products(rows, out, inp, bias, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, inp, generator=g).bfloat16()
+    w = torch.randn(out, inp, generator=g).bfloat16()
+    b = torch.randn(out, generator=g).bfloat16() if bias else None
+    p = PackedWeight(w)
+    assert p.shape == w.shape and p.numel() * p.element_size() == w.numel() * 2
+    got = linear(x, p, b)
+    assert got.shape == (rows, out)
+    _close_to_exact(got, x, w, b)
+
+
+@needs_packing
+def test_a_packed_weight_pickles_as_its_plain_weight():
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(48, 32, generator=g).bfloat16()
+    p = PackedWeight(w)
+    back = pickle.loads(pickle.dumps(p))
+    assert torch.equal(back.plain(), w)
+    x = torch.randn(5, 32, generator=g).bfloat16()
+    assert torch.equal(back.mm(x), p.mm(x))
+
+
+@needs_packing
+def test_dense_rows_with_a_packed_weight_keeps_sampling_rows_alone():
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(30, 64, generator=g).bfloat16()
+    w, b = torch.randn(24, 64, generator=g).bfloat16(), torch.randn(24, generator=g).bfloat16()
+    p = PackedWeight(w)
+    out = torch.full((30, 24), float("nan"), dtype=torch.bfloat16)
+    got = dense_rows(x, p, b, 3, alone=(10, 29), out=out[3:])
+    assert got.data_ptr() == out[3:].data_ptr() and not out[3:].isnan().any()
+    for r in (10, 29):  # each sampling row is its own one-row GEMM, whatever the piece around it
+        assert torch.equal(got[r - 3], p.mm(x[r : r + 1], b)[0])
+    assert torch.equal(got[:7], p.mm(x[3:10], b))
+    _close_to_exact(got, x[3:], w, b)
+
+
+@needs_packing
+def test_layer_projections_are_packed_and_expert_storage_is_not():
+    g = torch.Generator().manual_seed(5)
+
+    def weights():
+        return {"a.weight": torch.randn(16, 32, generator=g).bfloat16(),
+                "b.weight": torch.randn(8, 32, generator=g).bfloat16()}
+
+    packed = fused_linear(weights(), ["a.weight", "b.weight"], None, "auto", torch.bfloat16, CPU, pack=True)
+    plain = fused_linear(weights(), ["a.weight", "b.weight"], None, "auto", torch.bfloat16, CPU)
+    assert isinstance(packed.weight, PackedWeight) and packed.weight.shape == (24, 32)
+    assert isinstance(plain.weight, torch.Tensor)
+    assert packed.num_bytes == plain.num_bytes
+    f32 = fused_linear({"a.weight": torch.randn(16, 32, generator=g)}, ["a.weight"], None, "auto", torch.float32,
+                       CPU, pack=True)
+    assert isinstance(f32.weight, torch.Tensor)
