@@ -24,7 +24,6 @@ from strata.kv.reserve import ReservedLayout
 from strata.kv.ring_rule import round_up, window_ring_cells
 from strata.loader import ModelSource
 from strata.loader.build import TORCH_DTYPES
-from strata.loader.gguf_file import open_gguf
 from strata.loader.model_load import ModelLoad
 from strata.loader.tokenizer import Tokenizer
 from strata.models.config import ModelConfig
@@ -116,19 +115,18 @@ def _weight_bytes(config: EngineConfig, load: ModelLoad) -> int:
         return dense
     if config.weights != "auto":
         return os.path.getsize(path)
-    return os.path.getsize(path) + dense + _widened_bytes(path, config.dtype)
+    return os.path.getsize(path) + dense + _widened_bytes(load, config.dtype)
 
 
-def _widened_bytes(path: str, dtype: str) -> int:
+def _widened_bytes(load: ModelLoad, dtype: str) -> int:
     """Bytes `--weights auto` holds beyond a file's blocks: where decode rows read Q5_0 through
     the q8x8 form (bfloat16 on AVX-512 VNNI, models/linear.py), each 22-byte block becomes 34
-    (counted for every Q5_0 tensor: a bound, as a projection mixing types keeps the blocks).
-    Reads the file's tensor table only, no tensor data."""
+    (counted for every Q5_0 block of the file, as the loader counted them: a bound, as a
+    projection mixing types keeps the blocks)."""
     if dtype != "bfloat16" or not q8x8_faster():
         return 0
     q5_0 = GGMLQuantizationType.Q5_0
-    blocks = sum(int(t.n_bytes) for t in open_gguf(path).tensors if t.tensor_type == q5_0) // GGML_QUANT_SIZES[q5_0][1]
-    return blocks * (Q8_RECORD // 8 - GGML_QUANT_SIZES[q5_0][1])  # a record holds 8 columns' block
+    return load.q5_0_blocks * (Q8_RECORD // 8 - GGML_QUANT_SIZES[q5_0][1])  # a record holds 8 columns' block
 
 
 def _memory_plan(config: EngineConfig, load: ModelLoad, layout: KVLayout, draft: ModelLoad | None,

@@ -237,3 +237,8 @@ def unpermute_qk(w: torch.Tensor, num_heads: int) -> torch.Tensor:
     head_dim = out_features // num_heads
     rest = w.shape[1:]
     return w.reshape(num_heads, head_dim // 2, 2, *rest).transpose(1, 2).reshape(out_features, *rest)
+
+
+def num_blocks(reader: GGUFReader, qtype: GGMLQuantizationType) -> int:
+    """How many blocks of `qtype` the file's tensors hold (its tensor table: no data read)."""
+    return sum(int(t.n_bytes) for t in reader.tensors if t.tensor_type == qtype) // GGML_QUANT_SIZES[qtype][1]
