@@ -36,10 +36,10 @@ from strata.server.settings import (
 
 log = logging.getLogger("strata.server")
 SERVE_DEFAULT_BATCH = 3
-# Prompt tokens per step while serving: a step that also reads a prompt piece stays near
+# Prompt tokens per step while serving: a step that also reads a prompt piece stays under
 # 100 ms with 7 lanes decoding on 2 cores (benchmarks/serve.py), so no stream stalls long;
-# with 96 such steps took 120-130 ms, and 8 clients' output was no higher (docs/benchmarks.md).
-SERVE_DEFAULT_PREFILL_CHUNK = 64
+# 64 and 96 gave longer worst gaps and no more output at 8 clients (docs/benchmarks.md).
+SERVE_DEFAULT_PREFILL_CHUNK = 48
 # A lone prompt (no lane decoding, so no decode gap to protect) is read in pieces this big:
 # one step for most prompts, as a single-request server would.
 SERVE_DEFAULT_PREFILL_ALONE = 2048
