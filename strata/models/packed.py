@@ -19,13 +19,16 @@ import torch
 ROWS_HINT = 64
 
 
+def cpu_bf16_gemm() -> bool:
+    """Whether this CPU runs bfloat16 GEMMs natively (AVX-512 BF16 or AMX)."""
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
 def packs_weights(dtype: torch.dtype, device: torch.device) -> bool:
     """Whether dense projection weights of `dtype` on `device` are held as `PackedWeight`s."""
     if dtype != torch.bfloat16 or device.type != "cpu" or not torch.backends.mkldnn.is_available():
         return False
-    if not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
-        return False
-    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    return hasattr(torch.ops.mkldnn, "_reorder_linear_weight") and cpu_bf16_gemm()
 
 
 class PackedWeight:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from strata.models.packed import PackedWeight
+from strata.models.packed import PackedWeight, cpu_bf16_gemm
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ def bf16_gemm_in_f32(x: torch.Tensor) -> bool:
     bfloat16 GEMM converts in software; the float32 one, its weight converted each call, is
     several times faster there from that row count (benchmarks/prefill_profile.py)."""
     return (x.dtype == torch.bfloat16 and x.device.type == "cpu" and x.shape[0] >= F32_GEMM_MIN_ROWS
-            and not torch.cpu._is_avx512_bf16_supported() and not torch.cpu._is_amx_tile_supported())
+            and not cpu_bf16_gemm())
 
 
 Weight = torch.Tensor | PackedWeight  # a dense [out, in] weight, plain or in the GEMM's layout
@@ -89,21 +89,19 @@ def dense_rows(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None, first
         bounds += [a, a + 1] if a > bounds[-1] else [a + 1]
     if bounds[-1] < x.shape[0]:
         bounds.append(x.shape[0])
-    if isinstance(weight, PackedWeight):  # its GEMM makes its own output: copied into out's rows
-        if out is None:
-            out = x.new_empty(x.shape[0] - first, weight.shape[0])
-        for a, b in zip(bounds, bounds[1:]):
-            out[a - first : b - first] = weight.mm(x[a:b], bias)
-        return out
     if bf16_gemm_in_f32(x):
         y = torch.cat([linear(x[a:b], weight, bias) for a, b in zip(bounds, bounds[1:])])
         return y if out is None else out.copy_(y)
-    # each part's GEMM written in place into its rows of the output (F.linear's own mm/addmm)
+    # each part's GEMM written into its rows of the output: in place (F.linear's own mm/addmm),
+    # or copied from a packed weight's GEMM, which makes its own
     if out is None:
         out = x.new_empty(x.shape[0] - first, weight.shape[0])
     for a, b in zip(bounds, bounds[1:]):
-        if bias is None:
-            torch.mm(x[a:b], weight.t(), out=out[a - first : b - first])
+        rows = out[a - first : b - first]
+        if isinstance(weight, PackedWeight):
+            rows.copy_(weight.mm(x[a:b], bias))
+        elif bias is None:
+            torch.mm(x[a:b], weight.t(), out=rows)
         else:
-            torch.addmm(bias, x[a:b], weight.t(), out=out[a - first : b - first])
+            torch.addmm(bias, x[a:b], weight.t(), out=rows)
     return out
