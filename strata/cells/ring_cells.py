@@ -36,18 +36,16 @@ class StepWrites:
 
     @classmethod
     def split(cls, cells: Sequence[int], num_arena_cells: int) -> StepWrites:
-        """`cells`: each row's virtual cell; on the host (a handful of rows: plain lists)."""
+        """`cells`: each row's virtual cell; on the host (a handful of rows: plain lists). The six
+        indices are views of one tensor (one host-to-tensor conversion a step)."""
         a = num_arena_cells
         arena = [(r, c) for r, c in enumerate(cells) if c < a]
         staged = [(r, c - a) for r, c in enumerate(cells) if c >= a]
-
-        def tensor(values) -> Tensor:
-            return torch.tensor(list(values), dtype=torch.long)
-
-        return cls(tensor(r for r, _ in arena), tensor(c for _, c in arena),
-                   tensor(r for r, _ in staged), tensor(c for _, c in staged),
-                   tensor(c if c < a else -1 for c in cells), tensor(c - a if c >= a else -1 for c in cells),
-                   bool(arena), bool(staged))
+        values = ([r for r, _ in arena] + [c for _, c in arena] + [r for r, _ in staged] + [c for _, c in staged]
+                  + [c if c < a else -1 for c in cells] + [c - a if c >= a else -1 for c in cells])
+        n, m = len(arena), len(staged)
+        parts = torch.tensor(values, dtype=torch.long).split([n, n, m, m, len(cells), len(cells)])
+        return cls(*parts, bool(arena), bool(staged))
 
     def to(self, device: torch.device) -> StepWrites:
         return StepWrites(*(t.to(device, non_blocking=True) for t in (
