@@ -29,6 +29,7 @@ QUICK = {
     "head_quality": ([], ["head_quality-first2.json"], []),
     "kv_quality": ([], ["kv_quality-int8-vs-bf16-first2.json"], []),
     "prefill_profile": ([], ["prefill_profile.json"], []),
+    "prompt_quant_quality": ([], ["prompt_quant_quality-first2.json", "prompt_quant_quality-first2.png"], []),
     "step_profile": ([], ["step_profile.json", "step_profile.png"], []),
     "session": ([], ["session.json", "session.png"], ["llama-server:"]),
     "spec": ([], ["spec.json", "spec.png"], ["llama.cpp peer:"]),
