@@ -145,7 +145,8 @@ def main() -> None:
         fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
         for ax, key, label in ((axes[0], "top1", "top-1 agreement vs transformers bf16"),
                                (axes[1], "mean_abs", "mean |logit diff| vs transformers bf16")):
-            ax.bar(ARMS, [results[a]["bfloat16"][key] for a in ARMS], color=["#4c72b0", "#dd8452", "#c44e52", "#8172b2"])
+            ax.bar(ARMS, [results[a]["bfloat16"][key] for a in ARMS],
+                   color=["#4c72b0", "#dd8452", "#c44e52", "#8172b2"])
             ax.set_title(label, fontsize=9)
             ax.tick_params(axis="x", labelsize=8)
         fig.suptitle(f"int8 prompt GEMMs, fake-quantised ({cpu_name()})", fontsize=9)

@@ -59,6 +59,17 @@ class SampleOutput:
     logprobs: list[TokenLogprobs | None]  # one per row; None where params.logprobs is None
 
 
+def row_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """[rows, vocab] float -> [rows] long: each row's first maximum, a NaN counting as the
+    maximum (as `torch.argmax`). On the CPU through numpy's argmax on float32 values (exact for
+    bfloat16 and float16 too), an order of magnitude faster than torch's for a few rows of a
+    vocabulary; elsewhere torch's."""
+    if logits.device.type != "cpu":
+        return logits.argmax(dim=-1)
+    values = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
+    return torch.from_numpy(values.contiguous().numpy().argmax(axis=-1))
+
+
 def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator | None:
     """A generator on `device` seeded with `seed` (mod 2**64), or None when unseeded."""
     if seed is None:
@@ -115,12 +126,12 @@ class Sampler:
         sampled = [i for i, p in enumerate(params) if not p.is_greedy]
 
         if not sampled:
-            token_ids = logits.argmax(dim=-1)  # [rows]
+            token_ids = row_argmax(logits)  # [rows]
         else:
             token_ids = torch.empty(rows, dtype=torch.long, device=device)  # [rows]
             if greedy:
                 index = torch.tensor(greedy, device=device)
-                token_ids[index] = logits[index].argmax(dim=-1)
+                token_ids[index] = row_argmax(logits[index]).to(device)
             index = torch.tensor(sampled, device=device)
             rows_logits = logits[index] if greedy else logits  # [n, vocab]
             token_ids[index] = self._draw(

@@ -24,6 +24,7 @@ from strata.errors import ConfigError
 from strata.kv.pool import KVPool
 from strata.loader.model_load import ModelLoad
 from strata.models.llama import LlamaModel
+from strata.sampler import row_argmax
 from strata.step import LaneDrafts, LaneWork
 
 # (work) -> (float32 logits [lanes that sample, vocab], those lanes in row order): the draft
@@ -46,7 +47,7 @@ class ModelDrafter:
     def _next_tokens(self, work: Sequence[LaneWork]) -> dict[str, int]:
         """The draft model's argmax after each lane's tokens (its K/V written on the way)."""
         logits, sample_work = self._forward(work)
-        best = logits.argmax(dim=-1).tolist()
+        best = row_argmax(logits).tolist()
         return {w.request_id: t for w, t in zip(sample_work, best)}
 
     @torch.inference_mode()

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from strata.sampler import Sampler, TokenLogprobs, draw
+from strata.sampler import Sampler, TokenLogprobs, draw, row_argmax
 from strata.sampling import SamplingParams
 
 
@@ -49,7 +49,7 @@ def verify(
     assert logits.shape[0] == k + 1
     tokens: list[int] = []
     if params.is_greedy:
-        targets = logits.argmax(dim=-1).tolist()
+        targets = row_argmax(logits).tolist()
         while len(tokens) < k and drafts[len(tokens)] == targets[len(tokens)]:
             tokens.append(drafts[len(tokens)])
         tokens.append(targets[len(tokens)])

@@ -64,42 +64,57 @@ def bf16_gemm_in_f32(x: torch.Tensor) -> bool:
             and not cpu_bf16_gemm())
 
 
+# float32 GEMMs on the CPU run on row counts padded with zero rows to a multiple of this, so that a
+# row's product is the same whatever rows share its step (1 lane or 8, a prompt piece of any
+# length): torch's float32 `mm` (MKL) takes a small-matrix path below 12 rows, except at 4 and 8,
+# whose rows differ from the general path's, and int8 K/V turns such a last-bit difference into
+# a different code (tests/model/test_layouts.py). Measured on an AMD EPYC (Zen 4): padded to
+# multiples of 8, every row count from 1 to 69 gives the rows of a 200-row product, for every shape tried.
+F32_ROW_TILE = 8
+
 Weight = torch.Tensor | PackedWeight  # a dense [out, in] weight, plain or in the GEMM's layout
 
 
 def linear(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x @ weight^T (+ bias) in x's dtype: F.linear, or its float32 twin (`bf16_gemm_in_f32`),
     bfloat16 values multiplied exactly and summed in float32, rounded once to bfloat16, or the
-    packed weight's GEMM (models/packed.py: only where bfloat16 GEMMs run natively)."""
+    packed weight's GEMM (models/packed.py: only where bfloat16 GEMMs run natively); float32 on
+    the CPU on rows padded to whole F32_ROW_TILE tiles."""
     if isinstance(weight, PackedWeight):
         return weight.mm(x, bias)
     if bf16_gemm_in_f32(x):
         return F.linear(x.float(), weight.float(), None if bias is None else bias.float()).to(x.dtype)
+    if x.dtype == torch.float32 and x.device.type == "cpu" and x.shape[0] % F32_ROW_TILE:
+        pad = F32_ROW_TILE - x.shape[0] % F32_ROW_TILE  # zero rows to a whole tile: see F32_ROW_TILE
+        return F.linear(torch.cat([x, x.new_zeros(pad, x.shape[1])]), weight, bias)[: x.shape[0]]
     return F.linear(x, weight, bias)
 
 
 def dense_rows(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None, first: int,
                alone: Sequence[int] = (), out: torch.Tensor | None = None) -> torch.Tensor:
     """x[first:] @ weight^T (+ bias) -> [rows - first, out], each row of `alone` (>= first) by
-    itself, the runs between them together; written into `out` when given (contiguous rows)."""
-    if not alone and out is None:
-        return linear(x[first:] if first else x, weight, bias)
+    itself; written into `out` when given (contiguous rows): there the runs between them
+    together, each into its rows; else every row in one GEMM (no copy of its output), then each
+    row of `alone` again by itself in its place."""
+    if out is None:
+        y = linear(x[first:] if first else x, weight, bias)
+        if y.shape[0] > 1:
+            for a in alone:
+                y[a - first : a - first + 1] = linear(x[a : a + 1], weight, bias)
+        return y
     bounds = [first]
     for a in alone:
         bounds += [a, a + 1] if a > bounds[-1] else [a + 1]
     if bounds[-1] < x.shape[0]:
         bounds.append(x.shape[0])
     if bf16_gemm_in_f32(x):
-        y = torch.cat([linear(x[a:b], weight, bias) for a, b in zip(bounds, bounds[1:])])
-        return y if out is None else out.copy_(y)
+        return out.copy_(torch.cat([linear(x[a:b], weight, bias) for a, b in zip(bounds, bounds[1:])]))
     # each part's GEMM written into its rows of the output: in place (F.linear's own mm/addmm),
-    # or copied from a packed weight's GEMM, which makes its own
-    if out is None:
-        out = x.new_empty(x.shape[0] - first, weight.shape[0])
+    # or copied from a packed weight's GEMM or a float32 one on padded rows, which make their own
     for a, b in zip(bounds, bounds[1:]):
         rows = out[a - first : b - first]
-        if isinstance(weight, PackedWeight):
-            rows.copy_(weight.mm(x[a:b], bias))
+        if isinstance(weight, PackedWeight) or x.dtype == torch.float32:  # (float32: row tiles, `linear`)
+            rows.copy_(linear(x[a:b], weight, bias))
         elif bias is None:
             torch.mm(x[a:b], weight.t(), out=rows)
         else:

@@ -76,6 +76,10 @@ def test_dense_rows_with_a_packed_weight_keeps_sampling_rows_alone():
         assert torch.equal(got[r - 3], p.mm(x[r : r + 1], b)[0])
     assert torch.equal(got[:7], p.mm(x[3:10], b))
     _close_to_exact(got, x[3:], w, b)
+    whole = dense_rows(x, p, b, 3, alone=(10, 29))  # no rows given: the piece in one GEMM, then each row
+    keep = [r for r in range(27) if r + 3 not in (10, 29)]
+    assert torch.equal(whole[keep], p.mm(x[3:], b)[keep])
+    assert torch.equal(whole[7], got[7]) and torch.equal(whole[26], got[26])
 
 
 @needs_packing

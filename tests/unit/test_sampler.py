@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from strata.sampler import SampleOutput, Sampler, make_generator
+from strata.sampler import SampleOutput, Sampler, make_generator, row_argmax
 from strata.sampling import SamplingParams
 
 VOCAB = 49152
@@ -48,6 +48,21 @@ def test_greedy_is_argmax(dtype):
     out = Sampler().sample(logits, params, [None] * 6)
     assert out.token_ids == logits.float().argmax(dim=-1).tolist()
     assert out.logprobs == [None] * 6
+
+
+@settings(max_examples=60, deadline=None)
+@given(values=st.lists(st.sampled_from([0.0, 1.0, -1.5, 2.0, float("inf"), float("-inf"), float("nan")]),
+                       min_size=3, max_size=40),
+       rows=st.integers(1, 4), dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16, torch.float64]))
+def test_row_argmax_is_torchs_argmax(values, rows, dtype):
+    """The CPU's numpy argmax picks what torch's would: the first maximum, ties and NaN included."""
+    logits = torch.tensor(values, dtype=torch.float64).roll(1).repeat(rows, 1)
+    logits[:, :: rows + 1] -= 1.0  # rows differ
+    logits = logits.to(dtype)
+    with torch.inference_mode():
+        got = row_argmax(logits)
+    assert got.dtype == torch.long and torch.equal(got, logits.argmax(dim=-1))
+    assert torch.equal(row_argmax(logits[:, 1:]), logits[:, 1:].argmax(dim=-1))  # a non-contiguous view
 
 
 def test_greedy_ties_go_to_the_lowest_id():
