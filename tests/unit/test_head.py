@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from strata.models.head import INT8_HEAD_MAX_ROWS, DenseHead, Int8Head, Int8Rows, make_head
+from strata.models.rows import linear
 
 
 def weight(vocab=300, hidden=64, dtype=torch.bfloat16) -> torch.Tensor:
@@ -81,7 +82,7 @@ def test_a_quantized_head_is_read_in_place(quant_ops, monkeypatch):
     auto = make_head(exact, q, "auto", torch.float32, cpu)
     assert isinstance(auto, QuantHead) and auto.max_rows == QUANT_HEAD_MAX_ROWS
     big = torch.randn(QUANT_HEAD_MAX_ROWS + 1, dense.shape[1])
-    assert torch.equal(auto(big), torch.nn.functional.linear(big, exact))  # prompt rows: the dense weight
+    assert torch.equal(auto(big), linear(big, exact))  # prompt rows: the dense weight, by models/rows.py's GEMM
     limits = {"int8": 4, "quant": BF16_QUANT_HEAD_MAX_ROWS, "x8": x8_head_max_rows()}
     for choice, kind in (("int8", Int8Head), ("quant", QuantHead), ("x8", X8Head)):  # $STRATA_HEAD_KERNEL forces one
         monkeypatch.setenv(HEAD_KERNEL_ENV, choice)
