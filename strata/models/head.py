@@ -38,6 +38,11 @@ BF16_QUANT_HEAD_MAX_ROWS = 64
 # `head_kernel()` is "x8"; longer steps read the dense weight, faster there on AVX-512 VNNI
 # without AMX (benchmarks/quant_kernels.py --head).
 X8_HEAD_MAX_ROWS = 16
+# The q8x8 head's activation codes: 8 bits per value, one scale per 32 values (the form the
+# file's Q8_0 blocks are read with in place, QuantHead, and llama.cpp's head). At 8 rows the
+# kernel's integer work is half the 15-bit form's; top-1 and mean |logit difference| against
+# transformers stay within tests/model/test_serving_accuracy.py's bounds (docs/benchmarks.md).
+X8_HEAD_ACT_BITS = 8
 
 
 def head_kernel() -> str:
@@ -126,7 +131,7 @@ class Int8Head(DenseHead):
 
 class X8Head(DenseHead):
     """The file's Q8_0 head in the q8x8 form (models/q4x8.py: strata's x8 kernel, 8 vocabulary
-    rows per integer lane group, 15-bit activations) for steps of at most `max_rows` decode
+    rows per integer lane group, X8_HEAD_ACT_BITS-bit activations) for steps of at most `max_rows` decode
     rows: the file's exact values, each read once per step; the dense weight otherwise."""
 
     def __init__(self, x8: X8Matmul, weight: torch.Tensor, max_rows: int):
@@ -172,7 +177,7 @@ def make_head(weight: torch.Tensor | None, quant: QuantWeight | None, weight_mod
     if dtype == torch.bfloat16:
         kernel = head_kernel()
         if in_place and kernel == "x8" and quant.qtype == QT.Q8_0:
-            return X8Head(X8Matmul.from_q8x8_parts([quant]), weight, x8_head_max_rows())
+            return X8Head(X8Matmul.from_q8x8_parts([quant], X8_HEAD_ACT_BITS), weight, x8_head_max_rows())
         if in_place and kernel == "quant":
             return QuantHead(QuantMatmul([quant]), weight, BF16_QUANT_HEAD_MAX_ROWS)
         return Int8Head(weight)
