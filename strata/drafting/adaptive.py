@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# The verify forward's cost over a one-row decode step, in decode steps (benchmarks/spec.py
-# measures it: with its rows read by the fused decode attention, 1 draft costs about 1.25 steps,
-# 2: 1.42, 3: 1.6; 4 jumps where 5 rows leave the int8 LM head's 4-row path).
-DRAFT_COST_FIRST = 0.25
-DRAFT_COST_MORE = 0.17
+# The verify forward's cost over a one-row decode step, in decode steps, as benchmarks/spec.py
+# measures it (its DRAFT_COST table, docs/benchmarks.md): each verify row past the first adds
+# the x8 kernel's integer work for one more row of activations.
+DRAFT_COST_FIRST = 0.28
+DRAFT_COST_MORE = 0.33
 PRIOR = 0.5  # the acceptance a lane starts from
 WEIGHT = 0.3  # of the latest verify step in the average
 # A stopped lane's probe: a step without a draft costs nothing extra, and a step whose
