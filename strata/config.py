@@ -32,7 +32,7 @@ HEAD_KERNEL_ENV = "STRATA_HEAD_KERNEL"
 HEAD_KERNELS = ("auto", "int8", "quant", "x8")  # how --weights auto reads the LM head at bfloat16 decode rows (models/head.py)
 ATTENTION_ISA_ENV = "STRATA_ATTENTION_ISA"
 ATTENTION_ISAS = ("auto", "avx2", "avx512", "avx512_bf16")  # the fused decode attention's variants (strata/csrc/attention_*.cpp)
-DEFAULT_SPEC_K = 3  # 4 rows a verify step: the int8 LM head's path (models/head.py); measured in benchmarks/spec.py
+DEFAULT_SPEC_K = 3  # up to 4 rows a verify step; the adaptive count (drafting/adaptive.py) proposes fewer where they do not pay
 
 
 @dataclass(frozen=True)
