@@ -13,8 +13,8 @@ from strata.engine_args import add_engine_args, engine_config
 from strata.server.cli import (
     SERVE_DEFAULT_BATCH,
     SERVE_DEFAULT_PREFILL_ALONE,
-    SERVE_DEFAULT_PREFILL_CHUNK,
     add_server_args,
+    serve_default_prefill_chunk,
     server_settings,
 )
 from strata.server.settings import model_id
@@ -35,7 +35,7 @@ def add_cluster_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="strata: by cached prefix, free K/V, then load (default); round_robin, ray_prefix "
                         "(Ray Serve's PrefixCacheAffinityRouter): baselines")
     add_server_args(c)
-    add_engine_args(c, default_batch=SERVE_DEFAULT_BATCH, default_prefill_chunk=SERVE_DEFAULT_PREFILL_CHUNK,
+    add_engine_args(c, default_batch=SERVE_DEFAULT_BATCH, default_prefill_chunk=serve_default_prefill_chunk(),
                     default_prefill_alone=SERVE_DEFAULT_PREFILL_ALONE)
     c.set_defaults(func=cmd_cluster)
 

@@ -60,10 +60,11 @@ def head_kernel() -> str:
 
 
 def x8_head_max_rows() -> int:
-    """Decode rows up to which the q8x8 head beats the dense one: fewer where AMX runs the
-    dense bfloat16 GEMM (torch.cpu's AMX check)."""
-    amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
-    return INT8_HEAD_MAX_ROWS if amx else X8_HEAD_MAX_ROWS
+    """Decode rows up to which the q8x8 head beats the dense one, with or without AMX: in a
+    step the dense head (bfloat16, twice the q8x8 form's bytes) streams from memory, and AMX's
+    flat cost in rows does not make up for that at 8 lanes (benchmarks/step_profile.py: an
+    8-lane step 22.8 -> 19.1 ms on a Sapphire Rapids-class guest)."""
+    return X8_HEAD_MAX_ROWS
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ Which form a projection reads (`fused_linear`), as measured by benchmarks/quant_
 2-core AMD EPYC with AVX-512 VNNI, no AMX):
 
 - `--weights native`: the file's blocks (models/quant.py) at every step, any dtype;
-- `--weights auto`, bfloat16: a step's decode rows, when it has at most `quant_max_rows()` of
+- `--weights auto`, bfloat16: a step's decode rows, when it has at most `QUANT_MAX_ROWS` of
   them, read Q4_0 and Q4_1 through strata's x8 kernel (q4x8.py: 8 columns interleaved,
   15-bit activations per 32 values; EPYC, VNNI: 1 row 0.10 ms, 8 rows 0.63 against torch's
   int4 kernel's 0.21, 0.69; AVX2 variant 1 row 0.19), with $STRATA_Q4_KERNEL=x8-int8 the same
@@ -16,8 +16,11 @@ Which form a projection reads (`fused_linear`), as measured by benchmarks/quant_
   where it runs AVX-512 VNNI (q4x8.py's q8x8: 1 row 0.11 ms against 0.19 ms for Q8_0's blocks
   and 0.26 for Q5_0's, EPYC Zen 4, 2 threads), every other type through strata's kernel (Q8_0 0.31 ms; on a
   1024-wide layer Q4_K 0.61 ms against 0.79 ms for its int4 form); prompt rows (in any step:
-  models/rows.py) and more decode rows read the dense copy, whose bfloat16 GEMM runs on AMX
-  tiles and is flat in rows (0.7-0.8 ms: faster than any 4-bit path from about 6 rows on);
+  models/rows.py) and more decode rows read the dense copy. With AMX the dense bfloat16 GEMM
+  is flat in rows and beats the x8 kernel from 5 rows on while its weights stay in cache
+  (one layer called again and again), but a step streams every layer's weights from memory,
+  and there 8 decode rows read the x8 form faster (an 8-lane step of the default model 28.8
+  -> 22.8 ms, Sapphire Rapids-class guest, 2 threads: benchmarks/step_profile.py);
 - `--weights auto`, float32: up to 8 decode rows read the blocks in place against float32
   activations, exact values (1 row 0.93 ms against 0.70 ms dense float32, 8 rows 1.9 against
   1.8, but 4 rows 1.2 against 1.2; torch's int4 kernel takes 9 ms), prompt rows and more dense;
@@ -39,20 +42,12 @@ from strata.models.q4x8 import Q8X8_TYPES, X8Matmul, q8x8_faster
 from strata.models.quant import QuantMatmul, QuantWeight
 from strata.models.rows import RowKinds, dense_rows
 
-# Decode steps of up to this many rows read a 4-bit form beside the dense copy (auto); on CPUs
-# with AMX, bfloat16 dense GEMMs win from fewer rows (see the module docstring).
+# Decode steps of up to this many rows read a 4-bit form beside the dense copy (auto), with or
+# without AMX (see the module docstring).
 QUANT_MAX_ROWS = 8
-QUANT_MAX_ROWS_AMX_BF16 = 4
 # The types read as a 4-bit pack (bfloat16, decode rows): strata's x8 form (q4x8.py), or torch's
 # int4 form (q4.py); Q4_K maps onto the int4 form too, but strata's kernel measured faster.
 INT4_FASTER = (Q4_TYPES[0], Q4_TYPES[1])
-
-
-def quant_max_rows(dtype: torch.dtype) -> int:
-    """Rows up to which an auto-mode projection reads its 4-bit form, in this process."""
-    if dtype == torch.bfloat16 and getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)():
-        return QUANT_MAX_ROWS_AMX_BF16
-    return QUANT_MAX_ROWS
 
 
 class Linear:
@@ -171,7 +166,7 @@ def fused_linear(
     if weight_mode == "auto":
         if any(q is None for q in quant):
             return Linear(all_dense(), bias)
-        rows = quant_max_rows(dtype)
+        rows = QUANT_MAX_ROWS
         if dtype == torch.bfloat16 and all(q.qtype in INT4_FASTER for q in quant):
             kernel = q4_kernel_from_env()
             if kernel != "int4" and quant[0].in_features % GROUP == 0:

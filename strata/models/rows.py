@@ -15,14 +15,15 @@ answers the same, every token:
   by the count);
 - it attends as one query over all its cells, summed in position order whatever the lane's
   layout, not within its piece's causal attention (SDPA's blocks depend on the piece's rows):
-  with the fused decode kernel every row of a piece of up to SPANS_MAX_PROMPT_ROWS reads so
-  (runner/inputs.py `_spans_read`), else the sampling row is read again alone
+  with the fused decode kernel every row of a piece it reads reads so (runner/inputs.py
+  `spans_read_piece`: up to SPANS_MAX_PROMPT_ROWS rows, fewer rows x cells where SDPA runs on AMX;
+  `_spans_read`), else the sampling row is read again alone
   (`_sample_read`, models/attention.py `AttentionMeta.samples`);
 - the norms (models/layers.py), the rotation and K/V write, and the MLP's activation compute
   each row by itself, by one kernel at any row count (the fused norm and torch's round
   differently: the fused one, where loaded, takes every step).
 Decode steps after it then read the same cells at the same positions. Through the ring
-(runner/ring_reads.py) a piece of up to SPANS_MAX_PROMPT_ROWS rows that follows the step's
+(runner/ring_reads.py) a piece the decode kernel reads (`spans_read_piece`) that follows the step's
 decode rows is read the same way; a longer piece there, and sliding-window layers cut to their
 window (runner/windows.py), attend within the piece, equal within rounding.
 """

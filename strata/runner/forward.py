@@ -13,7 +13,7 @@ import torch
 from strata.cells.storage import KVStorage
 from strata.models.llama import LlamaModel
 from strata.models.rows import RowKinds
-from strata.runner.inputs import StepInputs, build_inputs
+from strata.runner.inputs import StepInputs, build_inputs, spans_max_row_cells
 from strata.runner.reads import ChunkCells
 from strata.step import LaneWork
 
@@ -26,14 +26,16 @@ class LaneForward:
         # kernels have mishandled unusual K/V strides, and none was lent to test them; they gather.
         is_cpu = all(d.type == "cpu" for d in model.devices)
         self.cells = ChunkCells(kv.chunk_size, kv.num_chunks * kv.chunk_size if is_cpu else None)
+        self.max_row_cells = spans_max_row_cells(model.dtype)  # prompt pieces the decode kernel reads
 
     def inputs(self, work: Sequence[LaneWork], fused_decode: bool = True) -> StepInputs:
         """`work`'s batched inputs; `fused_decode`: decode rows through the fused kernel where the
         model and K/V allow it."""
         kernel = self.model.decode_attention_kernel(self.kv.dtype) if fused_decode else None
         if self.kv.groups:  # each windowed group read through its own table (kv/groups.py)
-            return build_inputs(work, self.cells, kernel, self.kv.windows, grouped=True)
-        return build_inputs(work, self.cells, kernel, self.model.cfg.windows)
+            return build_inputs(work, self.cells, kernel, self.kv.windows, grouped=True,
+                                max_row_cells=self.max_row_cells)
+        return build_inputs(work, self.cells, kernel, self.model.cfg.windows, max_row_cells=self.max_row_cells)
 
     def logits(self, inputs: StepInputs, logits_rows: torch.Tensor, kv=None, metas=None) -> torch.Tensor:
         """Float32 logits [rows, vocab] of `inputs`; `kv` and `metas`: another view of the cells

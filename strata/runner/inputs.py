@@ -43,6 +43,25 @@ VERIFY_MAX_ROWS = 8
 # cells; a longer one by SDPA's causal flash attention, whose tiles reuse keys across rows and
 # win there (docs/benchmarks.md, "Prompt rows through the decode kernel").
 SPANS_MAX_PROMPT_ROWS = 1024
+# Where SDPA's bfloat16 flash attention runs on AMX tiles it wins far earlier: there a piece is
+# read by the decode kernel only while its rows times its cells stay within this (a retry's
+# last row, a short prompt); a 512-token prompt alone went from 2,420 to 3,500 tok/s and a
+# 48-row piece over ~300 cells beside 7 decoding lanes from 48 to 44 ms a step (2 threads,
+# a Sapphire Rapids-class guest); below it the decode kernel still won by 1-2 ms.
+SPANS_MAX_ROW_CELLS_AMX = 8192
+
+
+def spans_max_row_cells(dtype: torch.dtype) -> int | None:
+    """The rows x cells bound on a prompt piece read by the decode kernel, for compute in
+    `dtype` on this CPU: SPANS_MAX_ROW_CELLS_AMX for bfloat16 where the CPU has AMX, else none."""
+    amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
+    return SPANS_MAX_ROW_CELLS_AMX if dtype == torch.bfloat16 and amx else None
+
+
+def spans_read_piece(rows: int, num_cells: int, max_row_cells: int | None) -> bool:
+    """Whether a prompt piece of `rows` rows ending at cell `num_cells` is read by the decode
+    kernel, each row over its cells (else by SDPA, its sampling row alone)."""
+    return rows <= SPANS_MAX_PROMPT_ROWS and (max_row_cells is None or rows * num_cells <= max_row_cells)
 
 
 def _write_cells(w: LaneWork, chunk_size: int) -> list[int]:
@@ -153,11 +172,14 @@ def _fused_rows(w: LaneWork) -> bool:
 
 
 def build_inputs(work: Sequence[LaneWork], cells: ChunkCells, decode_kernel: Callable | None = None,
-                 windows: Sequence[int] = (), grouped: bool = False) -> StepInputs:
+                 windows: Sequence[int] = (), grouped: bool = False,
+                 max_row_cells: int | None = None) -> StepInputs:
     """`decode_kernel`: the fused decode attention where the model and K/V allow it (runner);
     then every decoding lane is read through it (`DecodeSpans`), else by the groups above.
     `windows`: the model's distinct sliding windows, each given its own addressing; `grouped`:
-    each is a layer group with its own storage, read through the lanes' `window_ids`."""
+    each is a layer group with its own storage, read through the lanes' `window_ids`.
+    `max_row_cells`: the rows x cells bound on a prompt piece the decode kernel reads
+    (`spans_max_row_cells`; None: SPANS_MAX_PROMPT_ROWS alone)."""
     chunk_size = cells.chunk_size
     # Windowed layers cut their reads per lane (windows.py), one row per decoding lane: a verify
     # step's rows are pieces there.
@@ -184,7 +206,7 @@ def build_inputs(work: Sequence[LaneWork], cells: ChunkCells, decode_kernel: Cal
     row = sum(len(w.token_ids) for w in decode)
     for w in prefill:
         n = len(w.token_ids)
-        if fused and w.prompt and n <= SPANS_MAX_PROMPT_ROWS:
+        if fused and w.prompt and spans_read_piece(n, w.num_cells, max_row_cells):
             # Every row of the piece as one query over its cells, as a decoding lane's: so its
             # sampling row is read as a retry's one-row piece would be (no separate sample read).
             pieces.append(_spans_read([w], row, chunk_size, decode_kernel))

@@ -20,7 +20,7 @@ from strata.cells.ring_groups import GroupedStep
 from strata.cells.ring_step import PageMap, RingStep
 from strata.models.attention import AttentionMeta
 from strata.models.cell_reads import DecodeContiguous, DecodeRuns, DecodeSpans, PrefillContiguous, PrefillRuns
-from strata.runner.inputs import SPANS_MAX_PROMPT_ROWS, VERIFY_MAX_ROWS
+from strata.runner.inputs import VERIFY_MAX_ROWS, spans_read_piece
 from strata.runner.reads import split_for_rows
 from strata.runner.windows import cut_meta, runs_from, window_metas
 from strata.step import LaneWork
@@ -43,12 +43,12 @@ def lane_runs(pages: Sequence[int], num_cells: int, page: int, where: PageMap,
 
 
 def ring_metas(work: Sequence[LaneWork], step: GroupedStep, windows: Sequence[int] = (),
-               kernel: Callable | None = None) -> dict[int | None, AttentionMeta]:
+               kernel: Callable | None = None, max_row_cells: int | None = None) -> dict[int | None, AttentionMeta]:
     """The step's addressing through the ring per window (None: full attention). With one ring
     (one layer group): each of `windows` reads the full addressing cut to it (runner/windows.py).
     With a ring per group: each windowed group's own pages, from its window's first page, cut
     to the window. `kernel`: the fused decode attention, which reads every decode row (arena
-    and staging runs in one call); None: run by run."""
+    and staging runs in one call); None: run by run. `max_row_cells`: as build_inputs'."""
     full = step.steps[0]
     ring = full.ring
 
@@ -56,10 +56,11 @@ def ring_metas(work: Sequence[LaneWork], step: GroupedStep, windows: Sequence[in
         return lane_runs(ring.lane_pages(w), w.num_cells, ring.page, full.pages)
 
     if len(step.steps) == 1:  # windowed layers cut reads per lane: there a verify step's rows are pieces
-        return window_metas(ring_meta(work, full, kernel, verify_rows=not windows), work, windows, runs, kernel)
+        return window_metas(ring_meta(work, full, kernel, verify_rows=not windows, max_row_cells=max_row_cells),
+                            work, windows, runs, kernel)
     metas: dict[int | None, AttentionMeta] = {}
     if ring.layers:
-        metas[None] = ring_meta(work, full, kernel)
+        metas[None] = ring_meta(work, full, kernel, max_row_cells=max_row_cells)
     for s in step.steps[1:]:
         metas[s.ring.window] = _window_meta(work, s, kernel)
     return metas
@@ -91,12 +92,12 @@ def first_cells(runs: Sequence[slice], n: int) -> list[tuple[int, int]]:
 
 
 def ring_meta(work: Sequence[LaneWork], step: RingStep, kernel: Callable | None = None,
-              verify_rows: bool = False) -> AttentionMeta:
+              verify_rows: bool = False, max_row_cells: int | None = None) -> AttentionMeta:
     """`work` in row order (decode rows first, then pieces), as build_inputs orders
     it; the step's virtual write index already follows that order. `kernel`: every decode
     row through the fused decode attention, over arena and staging runs alike; with
-    `verify_rows` also a verify step's few rows and prompt pieces of up to SPANS_MAX_PROMPT_ROWS
-    rows that follow them, each row over the cells up to its own (as runner/inputs.py reads them
+    `verify_rows` also a verify step's few rows and prompt pieces the decode kernel reads
+    (runner/inputs.py `spans_read_piece`) that follow them, each row over the cells up to its own (as runner/inputs.py reads them
     without a ring: the kernel's blocks are positions, so the two reads are bit-identical)."""
     ring, where = step.ring, step.pages
     page = ring.page
@@ -107,7 +108,7 @@ def ring_meta(work: Sequence[LaneWork], step: RingStep, kernel: Callable | None 
     for w in work:
         runs = lane_runs(ring.lane_pages(w), w.num_cells, page, where)
         n = len(w.token_ids)
-        few = verify_rows and n <= (SPANS_MAX_PROMPT_ROWS if w.prompt else VERIFY_MAX_ROWS)
+        few = verify_rows and (spans_read_piece(n, w.num_cells, max_row_cells) if w.prompt else n <= VERIFY_MAX_ROWS)
         if kernel is not None and (w.reads_as_decode or few) and row == len(row_spans) - 1:
             for seen in range(w.start + 1, w.num_cells + 1):  # one row per token: cells 0 .. its own
                 spans += first_cells(runs, seen)

@@ -111,7 +111,7 @@ class ModelRunner:
         step = self.ring.prepare(inputs.work, write_index, busy_lanes)
         try:
             kernel = self.model.decode_attention_kernel(self.kv.dtype)
-            metas = ring_metas(inputs.work, step, self.model.cfg.windows, kernel)
+            metas = ring_metas(inputs.work, step, self.model.cfg.windows, kernel, self.lanes.max_row_cells)
             logits = self.lanes.logits(inputs, logits_rows, step, metas)
         except BaseException:
             self.ring.abort(step)

@@ -40,6 +40,18 @@ SERVE_DEFAULT_BATCH = 3
 # 100 ms with 7 lanes decoding on 2 cores (benchmarks/serve.py), so no stream stalls long;
 # 64 and 96 gave longer worst gaps and no more output at 8 clients (docs/benchmarks.md).
 SERVE_DEFAULT_PREFILL_CHUNK = 48
+# Where AMX runs the prompt rows' dense GEMMs and SDPA, flat in rows, so a piece's cost is
+# mostly its weights streamed from memory: twice the piece for the same bytes; at 8 clients
+# 182 -> 200 output tok/s with each stream's worst gap 105 ms at p99 (Sapphire Rapids-class guest).
+SERVE_DEFAULT_PREFILL_CHUNK_AMX = 96
+
+
+def serve_default_prefill_chunk() -> int:
+    """`strata serve`'s and `strata cluster`'s --prefill-chunk default on this CPU."""
+    import torch
+
+    amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
+    return SERVE_DEFAULT_PREFILL_CHUNK_AMX if amx else SERVE_DEFAULT_PREFILL_CHUNK
 # A lone prompt (no lane decoding, so no decode gap to protect) is read in pieces this big:
 # one step for most prompts, as a single-request server would.
 SERVE_DEFAULT_PREFILL_ALONE = 2048
@@ -56,7 +68,7 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
         help="serve on the TCP socket N, already bound and inherited from the parent process "
         "(--host and --port are then the socket's own)",
     )
-    add_engine_args(s, default_batch=SERVE_DEFAULT_BATCH, default_prefill_chunk=SERVE_DEFAULT_PREFILL_CHUNK,
+    add_engine_args(s, default_batch=SERVE_DEFAULT_BATCH, default_prefill_chunk=serve_default_prefill_chunk(),
                     default_prefill_alone=SERVE_DEFAULT_PREFILL_ALONE)
     s.set_defaults(func=cmd_serve)
 

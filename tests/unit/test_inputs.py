@@ -70,6 +70,27 @@ def test_with_the_fused_kernel_a_prompt_piece_reads_each_row_over_its_runs():
     assert long.meta.decode == () and len(long.meta.prefills) == 1 and len(long.meta.samples) == 1
 
 
+def test_a_row_cells_bound_sends_longer_pieces_to_sdpa_and_keeps_a_retrys_row_on_the_kernel():
+    """With `max_row_cells` (bfloat16 on a CPU with AMX), a piece whose rows x cells exceed it
+    is read by SDPA with its sampling row alone; a one-row piece (a retry's) stays on the kernel."""
+    from strata.runner.inputs import SPANS_MAX_ROW_CELLS_AMX, spans_max_row_cells, spans_read_piece
+
+    c = 4
+    kernel = object()
+    piece = [work(0, [1, 2, 3, 4, 5], 6, [3, 4, 9], prompt=True)]  # 5 rows ending at cell 11: 55 row-cells
+    at = build_inputs(piece, ChunkCells(c, 64), kernel, max_row_cells=55)
+    assert [(d.row_start, d.num_rows) for d in at.meta.decode] == [(0, 5)] and at.meta.samples == ()
+    over = build_inputs(piece, ChunkCells(c, 64), kernel, max_row_cells=54)
+    assert over.meta.decode == () and len(over.meta.prefills) == 1
+    (s,) = over.meta.samples
+    assert (s.row_start, s.num_rows) == (4, 1)
+    retry = build_inputs([work(0, [5], 10, [3, 4, 9], prompt=True)], ChunkCells(c, 64), kernel, max_row_cells=54)
+    assert [(d.row_start, d.num_rows) for d in retry.meta.decode] == [(0, 1)] and retry.meta.prefills == ()
+    assert spans_read_piece(1, 100_000, SPANS_MAX_ROW_CELLS_AMX) is False
+    assert spans_read_piece(1, SPANS_MAX_ROW_CELLS_AMX, SPANS_MAX_ROW_CELLS_AMX)
+    assert spans_max_row_cells(torch.float32) is None
+
+
 def test_decode_rows_come_first_and_address_their_cells():
     c = 4
     ws = [
