@@ -23,7 +23,7 @@ during which other work on the (shared) machine took over --others-max % of the 
 run again with fresh prompts. Raw records go to benchmarks/results/serve.json, the
 percentiles to serve.png (matplotlib).
 
-    python benchmarks/serve.py [--quick] [--rounds 2] [--prefill-chunk 48]
+    python benchmarks/serve.py [--quick] [--rounds 2] [--prefill-chunk N]
                                [--llama-server PATH] [--vllm-python PATH] [--concurrency 1,4,8]
 
 Build llama-server as README describes; without it both llama.cpp arms are left out, and
@@ -76,9 +76,11 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--lanes", type=int, default=8)
     p.add_argument("--ctx-per-lane", type=int, default=1024)
-    p.add_argument("--prefill-chunk", type=int, default=48,
-                   help="strata's --prefill-chunk (48, `strata serve`'s default: a step with a prompt piece stays "
-                        "under 100 ms at 8 lanes)")
+    from strata.server.cli import serve_default_prefill_chunk
+
+    p.add_argument("--prefill-chunk", type=int, default=serve_default_prefill_chunk(),
+                   help="strata's --prefill-chunk (default: `strata serve`'s on this CPU, 48, or 96 with AMX: a step "
+                        "with a prompt piece stays under 100 ms at 8 lanes)")
     p.add_argument("--weights", default="auto", help="strata's --weights")
     p.add_argument("--llama-server", default=find_llama_server(),
                    help="llama.cpp's llama-server binary (default: a build under /tmp/llamacpp, else on PATH)")
