@@ -19,9 +19,14 @@ import torch
 ROWS_HINT = 64
 
 
+def cpu_amx() -> bool:
+    """Whether this CPU has AMX tiles (torch's bfloat16 GEMMs and flash attention run on them)."""
+    return bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
+
+
 def cpu_bf16_gemm() -> bool:
     """Whether this CPU runs bfloat16 GEMMs natively (AVX-512 BF16 or AMX)."""
-    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    return bool(torch.cpu._is_avx512_bf16_supported() or cpu_amx())
 
 
 def packs_weights(dtype: torch.dtype, device: torch.device) -> bool:

@@ -22,6 +22,7 @@ from strata.models.cell_reads import (
     PrefillRuns,
 )
 from strata.runner.reads import ChunkCells, chunk_runs, contiguous, runs_of, split_for_rows, strided_slots
+from strata.models.packed import cpu_amx
 from strata.runner.windows import group_metas, window_metas
 
 
@@ -54,8 +55,7 @@ SPANS_MAX_ROW_CELLS_AMX = 8192
 def spans_max_row_cells(dtype: torch.dtype) -> int | None:
     """The rows x cells bound on a prompt piece read by the decode kernel, for compute in
     `dtype` on this CPU: SPANS_MAX_ROW_CELLS_AMX for bfloat16 where the CPU has AMX, else none."""
-    amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
-    return SPANS_MAX_ROW_CELLS_AMX if dtype == torch.bfloat16 and amx else None
+    return SPANS_MAX_ROW_CELLS_AMX if dtype == torch.bfloat16 and cpu_amx() else None
 
 
 def spans_read_piece(rows: int, num_cells: int, max_row_cells: int | None) -> bool:

@@ -44,17 +44,16 @@ SERVE_DEFAULT_PREFILL_CHUNK = 48
 # mostly its weights streamed from memory: twice the piece for the same bytes; at 8 clients
 # 182 -> 200 output tok/s with each stream's worst gap 105 ms at p99 (Sapphire Rapids-class guest).
 SERVE_DEFAULT_PREFILL_CHUNK_AMX = 96
+# A lone prompt (no lane decoding, so no decode gap to protect) is read in pieces this big:
+# one step for most prompts, as a single-request server would.
+SERVE_DEFAULT_PREFILL_ALONE = 2048
 
 
 def serve_default_prefill_chunk() -> int:
     """`strata serve`'s and `strata cluster`'s --prefill-chunk default on this CPU."""
-    import torch
+    from strata.models.packed import cpu_amx
 
-    amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
-    return SERVE_DEFAULT_PREFILL_CHUNK_AMX if amx else SERVE_DEFAULT_PREFILL_CHUNK
-# A lone prompt (no lane decoding, so no decode gap to protect) is read in pieces this big:
-# one step for most prompts, as a single-request server would.
-SERVE_DEFAULT_PREFILL_ALONE = 2048
+    return SERVE_DEFAULT_PREFILL_CHUNK_AMX if cpu_amx() else SERVE_DEFAULT_PREFILL_CHUNK
 
 
 def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
