@@ -5,8 +5,10 @@ of the weight ([vocab, hidden], 56.6 MB in bf16 for the default model: about a q
 its step). `Int8Head` keeps a per-row symmetric int8 copy (w ~= q * scale, q in
 [-127, 127], scale = max|w_row| / 127) and reads it for steps of at most `max_rows` rows,
 where torch's int8 CPU kernel is faster; `X8Head` reads a Q8_0 head's own values in the x8
-kernel's 8-bit form (models/q4x8.py) where strata's kernels run AVX-512 VNNI; prompt rows (a prefill piece, whether or not its
-prefix was cached) and longer steps read the dense weight, so prefill logits are unchanged.
+kernel's 8-bit form (models/q4x8.py) where strata's kernels run AVX-512 VNNI. A prompt's
+sampling row reads the small form as decode rows do (models/rows.py), whether or not its
+prefix was cached; other prompt rows (logits of every prompt row) and longer steps read the
+dense weight.
 Quality is measured, not assumed: `benchmarks/head_quality.py` reports top-1 agreement with
 the dense head.
 """
@@ -22,7 +24,7 @@ from strata.config import head_kernel_from_env
 from strata.models.fused import load_quant_ops
 from strata.models.q4x8 import X8Matmul, q8x8_faster
 from strata.models.quant import QuantMatmul, QuantWeight
-from strata.models.rows import RowKinds, dense_rows, linear
+from strata.models.rows import RowKinds, dense_rows, linear, small_rows
 
 # Steps of at most this many rows read the int8 copy. torch 2.13 on a 2-thread Sapphire
 # Rapids, default model's head: 1 row 1.3 ms vs 3.1 ms bf16; 4 rows 2.3 vs 3.3; 8 rows
@@ -101,16 +103,18 @@ class DenseHead:
     def __call__(self, x: torch.Tensor, kinds: RowKinds | None = None) -> torch.Tensor:
         """x [rows, hidden] -> [rows, vocab] in the compute dtype; `kinds`: which rows are decode
         rows' (None: all of them). A subclass reads its small form for the decode rows when
-        there are at most `max_rows` of them; prompt rows always read the dense weight."""
+        there are at most `max_rows` of them, and for prompt rows that sample (`alone_logits`);
+        other prompt rows read the dense weight."""
         if self.weight is None:
             return self.small(x)
         d = x.shape[0] if kinds is None else kinds.decode_logits
         alone = range(d, x.shape[0]) if kinds is not None and kinds.alone_logits else ()
-        if self.max_rows is None or d == 0 or d > self.max_rows:
+        if self.max_rows is None:
             return dense_rows(x, self.weight, None, 0, alone)
-        if d == x.shape[0]:
-            return self.small(x)
-        return torch.cat([self.small(x[:d]), dense_rows(x, self.weight, None, d, alone)])
+        return small_rows(x, self.small, self._dense, d if d <= self.max_rows else 0, alone)
+
+    def _dense(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight)
 
     def small(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight)

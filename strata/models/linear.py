@@ -16,7 +16,8 @@ Which form a projection reads (`fused_linear`), as measured by benchmarks/quant_
   where it runs AVX-512 VNNI (q4x8.py's q8x8: 1 row 0.11 ms against 0.19 ms for Q8_0's blocks
   and 0.26 for Q5_0's, EPYC Zen 4, 2 threads), every other type through strata's kernel (Q8_0 0.31 ms; on a
   1024-wide layer Q4_K 0.61 ms against 0.79 ms for its int4 form); prompt rows (in any step:
-  models/rows.py) and more decode rows read the dense copy. With AMX the dense bfloat16 GEMM
+  models/rows.py) and more decode rows read the dense copy, but for a prompt's sampling row,
+  which reads the 4-bit form at any decode-row count. With AMX the dense bfloat16 GEMM
   is flat in rows and beats the x8 kernel from 5 rows on while its weights stay in cache
   (one layer called again and again), but a step streams every layer's weights from memory,
   and there 8 decode rows read the x8 form faster (an 8-lane step of the default model 28.8
@@ -40,7 +41,7 @@ from strata.models.q4 import GROUP, Q4_TYPES, Q4Weight, pack_for_cpu, q4_from_bl
 from strata.models.packed import PackedWeight, packs_weights
 from strata.models.q4x8 import Q8X8_TYPES, X8Matmul, q8x8_faster
 from strata.models.quant import QuantMatmul, QuantWeight
-from strata.models.rows import RowKinds, dense_rows
+from strata.models.rows import RowKinds, dense_rows, linear, small_rows
 
 # Decode steps of up to this many rows read a 4-bit form beside the dense copy (auto), with or
 # without AMX (see the module docstring).
@@ -75,21 +76,20 @@ class Linear:
     def __call__(self, x: torch.Tensor, kinds: RowKinds | None = None) -> torch.Tensor:
         """x [rows, in] -> [rows, out]; `kinds`: which rows are decode rows (None: all of them).
         With a dense weight beside a 4-bit form, the decode rows read the 4-bit form when there
-        are at most `max_rows` of them; prompt rows always read the dense weight (models/rows.py):
-        a row's path depends on its kind and the step's decode-row count, never on the prompt
-        rows beside it."""
+        are at most `max_rows` of them, and so does every prompt row that samples (`alone`);
+        the other prompt rows read the dense weight (models/rows.py): a row's path depends on
+        its kind and the step's decode-row count, never on the prompt rows beside it, and a
+        sampling row's never on the rows beside it at all."""
         if self.weight is None:
             return self._four_bit(x)
         d = x.shape[0] if kinds is None else kinds.decode
         alone = () if kinds is None else kinds.alone
-        if self.max_rows is None or d == 0 or d > self.max_rows:
+        if self.max_rows is None:
             return dense_rows(x, self.weight, self.bias, 0, alone)
-        if d == x.shape[0]:
-            return self._four_bit(x)
-        out = x.new_empty(x.shape[0], self.weight.shape[0])
-        out[:d] = self._four_bit(x[:d])
-        dense_rows(x, self.weight, self.bias, d, alone, out[d:])
-        return out
+        return small_rows(x, self._four_bit, self._dense, d if d <= self.max_rows else 0, alone)
+
+    def _dense(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
 
     def _four_bit(self, x: torch.Tensor) -> torch.Tensor:
         if self.x8 is not None:

@@ -3,16 +3,21 @@
 A step's token rows are in row order: decoding lanes' rows first (their pending tokens and
 drafts), then prompt pieces (runner/inputs.py). Projections and the head choose their path
 by a row's kind (models/linear.py, models/head.py): decode rows may read a 4-bit or int8
-form, prompt rows read the dense weights, so a prompt's tokens take one path whether or not
-a prefix of it was cached and whatever lanes decode beside it.
+form, prompt rows read the dense weights (but for the row that samples, below), so a
+prompt's tokens take one path whether or not a prefix of it was cached and whatever lanes
+decode beside it.
 
 A prompt row that samples (a prompt's last token) is computed as it would be alone, so a
 retry whose prefix is cached (a piece of that one row) computes it bit-identically to the
 cold prompt (the last row of a long piece), and the same chat sent twice at temperature 0
 answers the same, every token:
-- every projection and the head multiply it by the dense weights on its own (`alone`, here):
-  a dense GEMM's rows are not bit-identical across row counts (the library picks its kernel
-  by the count);
+- every projection and the head read it as they read decode rows (`alone`, here; `small_rows`):
+  through the quantized form where the layer has one beside its dense weight (--weights auto),
+  whose kernels compute each row by itself, so the row is the same whatever rows share the
+  call (the step's decode rows, at any count); this streams only the small form's bytes, which
+  the decode rows beside it stream anyway. Where the layer has only a dense weight, the dense
+  weight multiplies the row on its own: a dense GEMM's rows are not bit-identical across row
+  counts (the library picks its kernel by the count);
 - it attends as one query over all its cells, summed in position order whatever the lane's
   layout, not within its piece's causal attention (SDPA's blocks depend on the piece's rows):
   with the fused decode kernel every row of a piece it reads reads so (runner/inputs.py
@@ -30,7 +35,7 @@ window (runner/windows.py), attend within the piece, equal within rounding.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -89,6 +94,26 @@ def linear(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None) ->
         pad = F32_ROW_TILE - x.shape[0] % F32_ROW_TILE  # zero rows to a whole tile: see F32_ROW_TILE
         return F.linear(torch.cat([x, x.new_zeros(pad, x.shape[1])]), weight, bias)[: x.shape[0]]
     return F.linear(x, weight, bias)
+
+
+def small_rows(x: torch.Tensor, small: Callable[[torch.Tensor], torch.Tensor],
+               dense: Callable[[torch.Tensor], torch.Tensor], first: int, alone: Sequence[int]) -> torch.Tensor:
+    """x [rows, in] -> [rows, out]: rows [0, first) and each row of `alone` (>= first) by `small`
+    (a quantized form, whose rows do not depend on the rows beside them) in one call, the rest
+    by `dense` in one call over rows [first, rows) (the values it gives `alone` rows replaced)."""
+    rows = x.shape[0]
+    if first == rows or (first == 0 and not alone):
+        return small(x) if first else dense(x)
+    if first + len(alone) == rows:  # every row past `first` samples: all of them small
+        return small(x)
+    if not alone:
+        return torch.cat((small(x[:first]), dense(x[first:])))
+    picked = small(x[[*range(first), *alone]])  # [first + len(alone), out]
+    y = dense(x[first:])
+    if first:
+        y = torch.cat((picked[:first], y))
+    y[list(alone)] = picked[first:]
+    return y
 
 
 def dense_rows(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None, first: int,

@@ -2,10 +2,13 @@
 `--weights auto` (4-bit projections and an int8 head for decode rows, dense for prompt rows).
 
 - The same chat sent twice at temperature 0 answers the same, every token: the second time only
-  its last token is computed (the rest cached), on the prompt path as the first time (not as a
-  decode row of 4-bit projections), and that row attends as one query over all its cells in
-  both (runner/inputs.py `_sample_read`), so it is bit-identical to the cold prompt's last row;
-  the decode steps after it then read the same cells at the same positions.
+  its last token is computed (the rest cached), as the first time: a prompt's sampling row reads
+  the 4-bit projections and the head's small form whatever rows share its step (their kernels
+  compute each row by itself), and that row attends as one query over all its cells in both
+  (runner/inputs.py `_sample_read`), so it is bit-identical to the cold prompt's last row; the
+  decode steps after it then read the same cells at the same positions.
+- Each projection and the head read decode rows (up to their limit) and sampling rows in their
+  small form, the other rows dense, each row as it would be read alone.
 - A step with a prompt piece beside a decoding lane computes the lane's row as a decode-only
   step does (4-bit) and the piece's rows as a prompt-only step does (dense), whichever of them
   is the longer.
@@ -20,6 +23,7 @@ import torch
 
 from strata.config import EngineConfig
 from strata.engine.engine import Engine
+from strata.models.rows import RowKinds, linear
 from strata.sampling import SamplingParams
 from strata.step import LaneWork, StepOutput
 
@@ -105,3 +109,30 @@ def test_a_mixed_step_computes_each_row_by_its_kind(engine, quant_ops, piece, mo
     assert (mixed[0] - alone[0]).abs().max().item() <= tol
     assert (mixed[1:] - alone[1:]).abs().max().item() <= tol
     assert (alone[1:] - dense[1:]).abs().max().item() <= tol  # prompt rows: dense in any step
+
+
+def test_sampling_rows_and_decode_rows_read_the_small_forms(engine):
+    """Rows of a step [decode rows, prompt rows with sampling rows among them]: every row equals
+    what its own form gives it alone, whatever the decode-row count (within the 4-bit limit or
+    past it, where decode rows read the dense weight)."""
+    model = engine._model
+    g = torch.Generator().manual_seed(3)
+    layer = model.layers[2]
+    rows = 12
+    for lin in (layer.qkv, layer.gate_up):
+        x = torch.randn(rows, lin.weight.shape[1], generator=g).bfloat16()
+        for d, alone in [(0, (7, 11)), (3, (11,)), (3, (5, 11)), (lin.max_rows + 1, (11,)), (rows - 1, (11,))]:
+            y = lin(x, RowKinds(d, 0, alone))
+            first = d if d <= lin.max_rows else 0
+            for r in range(rows):
+                small = r < first or r in alone
+                want = lin._four_bit(x[r : r + 1]) if small else linear(x[first:], lin.weight, lin.bias)[r - first][None]
+                assert torch.equal(y[r], want[0]), (d, alone, r, small)
+    head = model.lm_head
+    assert head.max_rows is not None
+    h = torch.randn(5, model.cfg.hidden_size, generator=g).bfloat16()
+    for d in (0, 2, 4):  # logits rows [0, d) decode rows', the rest prompts' sampling rows
+        y = head(h, RowKinds(d, d, alone_logits=True))
+        assert all(torch.equal(y[r], head.small(h[r : r + 1])[0]) for r in range(5))
+    y = head(h, RowKinds(2, 2))  # every prompt row's logits (not sampling rows): dense
+    assert torch.equal(y[2:], linear(h[2:], head.weight))
