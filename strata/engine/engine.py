@@ -165,6 +165,12 @@ class Engine:
             if not outputs and not self._scheduler.seqs:
                 self._sessions.wait_any()  # it waits for a session file in flight: until one ends
 
+    def warm_up(self) -> None:
+        """Before serving: the CPU GEMM kernels every prompt piece length up to `prefill_chunk`
+        needs, made now rather than by the first step of each length (a long gap in the
+        streams decoding beside it)."""
+        self._model.warm_up(self.config.prefill_chunk)
+
     @property
     def has_work(self) -> bool:
         return self._scheduler.has_work or bool(self._held_choices)

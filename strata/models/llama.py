@@ -23,6 +23,7 @@ from strata.models.fused_layer import FusedDecodeLayer
 from strata.models.head import make_head
 from strata.models.layers import Embedding, RMSNorm, Rotary, apply_rotary, rope_inv_freq, silu_mul
 from strata.models.linear import fused_linear
+from strata.models.packed import PackedWeight, warm_packed
 from strata.models.quant import QuantWeight
 from strata.models.rows import RowKinds
 
@@ -188,6 +189,12 @@ class LlamaModel:
             if isinstance(layer, DecoderLayer):
                 layer.prepare_runtime(self.ops)
         self.bank = None  # where MoE layers run their experts (models/expert_bank.py; MoeModel sets it)
+
+    def warm_up(self, max_rows: int) -> None:
+        """Makes the dense GEMMs' kernels for every step of up to `max_rows` prompt rows now
+        (models/packed.py `warm_packed`), not in the first step that needs each."""
+        runs = [run for lin in self.projections() for run in getattr(lin, "runs", [lin])]
+        warm_packed([r.weight for r in runs if isinstance(getattr(r, "weight", None), PackedWeight)], max_rows)
 
     @property
     def quant_max_rows(self) -> int | None:

@@ -183,6 +183,7 @@ class EngineLoop:
     def _run(self) -> None:
         try:
             engine = self._load()
+            engine.warm_up()  # kernels for every prompt piece's length, before the first request
         except BaseException as exc:  # noqa: BLE001 - reported on /health and to the CLI
             self.load_error, self.state = exc, "failed"
             if self._on_load_error is not None:

@@ -3,7 +3,8 @@ runs bfloat16 GEMMs natively. Its GEMM sums exact bfloat16 products in float32 a
 once, like torch's `mm` (the values are checked against float64, so a wrong layout fails);
 it survives pickling (the prepared-model cache); `dense_rows` reads it with sampling rows
 alone and into a given output; a model's attention and MLP projections hold it, expert
-storage (copied by the expert cache) never does."""
+storage (copied by the expert cache) never does; an engine's warm-up runs every dense shape at
+every prompt piece length before serving."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from strata.models.linear import fused_linear
+from strata.config import EngineConfig
+from strata.engine.engine import Engine
 from strata.models.packed import PackedWeight, packs_weights
 from strata.models.rows import dense_rows, linear
 
@@ -98,3 +101,21 @@ def test_layer_projections_are_packed_and_expert_storage_is_not():
     f32 = fused_linear({"a.weight": torch.randn(16, 32, generator=g)}, ["a.weight"], None, "auto", torch.float32,
                        CPU, pack=True)
     assert isinstance(f32.weight, torch.Tensor)
+
+
+@needs_packing
+def test_warm_up_runs_every_dense_shape_at_every_piece_length(gguf_path, monkeypatch):
+    engine = Engine(EngineConfig(model=gguf_path, dtype="bfloat16", weights="auto", max_context=64, prefill_chunk=12,
+                                 spec="off"), progress=False)
+    shapes = {tuple(lin.weight.shape) for lin in engine._model.projections()}
+    assert len(shapes) == 4  # q|k|v, o, gate|up, down
+    seen = []
+    mm = PackedWeight.mm
+
+    def recorded(self, x, bias=None):
+        seen.append((tuple(self.shape), x.shape[0]))
+        return mm(self, x, bias)
+
+    monkeypatch.setattr(PackedWeight, "mm", recorded)
+    engine.warm_up()
+    assert sorted(seen) == sorted((shape, rows) for shape in shapes for rows in range(1, 13))
