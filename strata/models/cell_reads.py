@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
@@ -154,12 +154,22 @@ def _attention_and_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: 
     return torch.matmul(probs, v.float()).to(q.dtype), lse
 
 
+def _run_bias(mask: torch.Tensor | None, group: int, dtype: torch.dtype, device: torch.device):
+    """(additive mask [group * rows, run cells]: 0 seen, -inf not; rows seeing none of the run
+    [group * rows]) of a run's mask [rows, run cells], or (None, None) where every row sees all."""
+    if mask is None:
+        return None, None
+    mask = mask.to(device).repeat(group, 1)
+    return torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(~mask, float("-inf")), ~mask.any(-1)
+
+
 def attend_runs(
     q: torch.Tensor,  # [rows, heads, dim]: one lane's new tokens
     k_cache: Cache,
     v_cache: Cache,
     runs: tuple[slice, ...],
     masks: tuple[torch.Tensor | None, ...],  # per run: [rows, run cells] bool, None: all seen
+    biases: dict | None = None,  # the read's own cache of the masks' additive forms (every layer reads alike)
 ) -> torch.Tensor:
     """One lane's rows over cells in a few contiguous runs, without copying them: attention
     over each run in place, merged by each run's log-sum-exp (CPU: the kernel SDPA itself
@@ -169,17 +179,19 @@ def attend_runs(
     group = num_heads // num_kv_heads
     # A K/V head's query heads, each over every row, are its query rows: [1, kvh, group * rows, dim].
     qg = q.view(rows, num_kv_heads, group, head_dim).permute(1, 2, 0, 3).reshape(1, num_kv_heads, -1, head_dim)
+    key = (q.dtype, q.device, group)
+    run_biases = None if biases is None else biases.get(key)
+    if run_biases is None:
+        run_biases = [_run_bias(mask, group, q.dtype, q.device) for mask in masks]
+        if biases is not None:
+            biases[key] = run_biases
     outs, lses = [], []
-    for run, mask in zip(runs, masks):
+    for run, (bias, unseen) in zip(runs, run_biases):
         k = k_cache.read(run, q.dtype).unsqueeze(0)  # [1, kvh, run cells, dim], a view
         v = v_cache.read(run, q.dtype).unsqueeze(0)
-        bias = None
-        if mask is not None:
-            mask = mask.repeat(group, 1)  # [group * rows, run cells]
-            bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
         o, lse = _attention_and_lse(qg, k, v, bias)
-        if mask is not None:  # a row that sees none of the run: the kernel says lse 0, it is -inf
-            lse = lse.masked_fill(~mask.any(-1), float("-inf"))
+        if unseen is not None:  # a row that sees none of the run: the kernel says lse 0, it is -inf
+            lse = lse.masked_fill(unseen, float("-inf"))
         outs.append(o.float())  # [1, kvh, group * rows, dim]
         lses.append(lse)  # [1, kvh, group * rows]
     weights = torch.softmax(torch.stack(lses), dim=0).unsqueeze(-1)  # [runs, 1, kvh, group * rows, 1]
@@ -208,11 +220,19 @@ def causal_bias_mask(rows: int, num_cells: int, device: torch.device) -> torch.T
                                                                    device=device).unsqueeze(1)
 
 
-def _attend_cells(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """q [rows, heads, dim], k/v [kvh, cells, dim] (rows the last `rows` cells) -> [rows, heads, dim]."""
+def _attend_cells(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, biases: dict) -> torch.Tensor:
+    """q [rows, heads, dim], k/v [kvh, cells, dim] (rows the last `rows` cells) -> [rows, heads, dim].
+    `biases`: the read's cache of its causal mask in additive form (0 / -inf, SDPA's own form of a
+    bool mask: the same values, made once a step rather than by every layer)."""
     rows, heads, _ = q.shape
     cells = k.shape[1]
-    mask = causal_bias_mask(rows, cells, q.device) if 1 < rows < cells else None
+    mask = None
+    if 1 < rows < cells:
+        mask = biases.get((q.dtype, q.device))
+        if mask is None:
+            seen = causal_bias_mask(rows, cells, q.device)
+            mask = biases[(q.dtype, q.device)] = torch.zeros(seen.shape, dtype=q.dtype,
+                                                             device=q.device).masked_fill_(~seen, float("-inf"))
     o = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
                                        attn_mask=mask, is_causal=rows == cells and rows > 1,
                                        enable_gqa=heads != k.shape[0])
@@ -225,9 +245,11 @@ class PrefillContiguous:
     row_start: int
     row_end: int
     cells: slice
+    _biases: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # (`_attend_cells`)
 
     def attend(self, q: torch.Tensor, k_cache: Cache, v_cache: Cache) -> torch.Tensor:
-        return _attend_cells(q, k_cache.read(self.cells, q.dtype), v_cache.read(self.cells, q.dtype))
+        return _attend_cells(q, k_cache.read(self.cells, q.dtype), v_cache.read(self.cells, q.dtype),
+                             self._biases)
 
     def to(self, device: torch.device) -> PrefillContiguous:
         return self
@@ -239,9 +261,11 @@ class PrefillGather:
     row_start: int
     row_end: int
     cell_index: torch.Tensor  # [cells] flat
+    _biases: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # (`_attend_cells`)
 
     def attend(self, q: torch.Tensor, k_cache: Cache, v_cache: Cache) -> torch.Tensor:
-        return _attend_cells(q, k_cache.read(self.cell_index, q.dtype), v_cache.read(self.cell_index, q.dtype))
+        return _attend_cells(q, k_cache.read(self.cell_index, q.dtype), v_cache.read(self.cell_index, q.dtype),
+                             self._biases)
 
     def to(self, device: torch.device) -> PrefillGather:
         return _moved(self, device)
@@ -254,9 +278,10 @@ class PrefillRuns:
     row_end: int
     runs: tuple[slice, ...]
     run_masks: tuple[torch.Tensor | None, ...]  # per run: [rows, <= rows cells] bool; None: all seen
+    _biases: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # (`attend_runs`)
 
     def attend(self, q: torch.Tensor, k_cache: Cache, v_cache: Cache) -> torch.Tensor:
-        return attend_runs(q, k_cache, v_cache, self.runs, self.run_masks)
+        return attend_runs(q, k_cache, v_cache, self.runs, self.run_masks, self._biases)
 
     def to(self, device: torch.device) -> PrefillRuns:
         return _moved(self, device)
