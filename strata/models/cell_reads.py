@@ -159,7 +159,7 @@ def _run_bias(mask: torch.Tensor | None, group: int, dtype: torch.dtype, device:
     [group * rows]) of a run's mask [rows, run cells], or (None, None) where every row sees all."""
     if mask is None:
         return None, None
-    mask = mask.to(device).repeat(group, 1)
+    mask = mask.repeat(group, 1)  # (on `device`: the read was moved there)
     return torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(~mask, float("-inf")), ~mask.any(-1)
 
 

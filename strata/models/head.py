@@ -110,14 +110,14 @@ class DenseHead:
         d = x.shape[0] if kinds is None else kinds.decode_logits
         alone = range(d, x.shape[0]) if kinds is not None and kinds.alone_logits else ()
         if self.max_rows is None:
-            return dense_rows(x, self.weight, None, 0, alone)
+            return dense_rows(x, self.weight, None, alone)
         return small_rows(x, self.small, self._dense, d if d <= self.max_rows else 0, alone)
 
     def _dense(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight)
 
     def small(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight)
+        return self._dense(x)
 
 
 class Int8Head(DenseHead):

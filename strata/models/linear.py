@@ -85,7 +85,7 @@ class Linear:
         d = x.shape[0] if kinds is None else kinds.decode
         alone = () if kinds is None else kinds.alone
         if self.max_rows is None:
-            return dense_rows(x, self.weight, self.bias, 0, alone)
+            return dense_rows(x, self.weight, self.bias, alone)
         return small_rows(x, self._four_bit, self._dense, d if d <= self.max_rows else 0, alone)
 
     def _dense(self, x: torch.Tensor) -> torch.Tensor:

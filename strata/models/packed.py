@@ -68,13 +68,12 @@ class PackedWeight:
         self.__init__(state["weight"])
 
 
-def warm_packed(weights: Iterable[PackedWeight], max_rows: int) -> int:
+def warm_packed(weights: Iterable[PackedWeight], max_rows: int) -> None:
     """Runs the GEMM of each distinct shape among `weights` once at every row count from 1 to
-    `max_rows`, on zeros; returns how many shapes. oneDNN makes a kernel (and caches it, for
+    `max_rows`, on zeros. oneDNN makes a kernel (and caches it, for
     any weight of that shape) the first time it sees a row count, 1-6 ms a shape: a step whose
     prompt piece has a new length would pay that in every projection."""
     shapes = {tuple(w.shape): w for w in weights}
     for w in shapes.values():
         for rows in range(1, max_rows + 1):
             w.mm(torch.zeros(rows, w.shape[1], dtype=w.dtype, device=w.device))
-    return len(shapes)

@@ -116,33 +116,12 @@ def small_rows(x: torch.Tensor, small: Callable[[torch.Tensor], torch.Tensor],
     return y
 
 
-def dense_rows(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None, first: int,
-               alone: Sequence[int] = (), out: torch.Tensor | None = None) -> torch.Tensor:
-    """x[first:] @ weight^T (+ bias) -> [rows - first, out], each row of `alone` (>= first) by
-    itself; written into `out` when given (contiguous rows): there the runs between them
-    together, each into its rows; else every row in one GEMM (no copy of its output), then each
-    row of `alone` again by itself in its place."""
-    if out is None:
-        y = linear(x[first:] if first else x, weight, bias)
-        if y.shape[0] > 1:
-            for a in alone:
-                y[a - first : a - first + 1] = linear(x[a : a + 1], weight, bias)
-        return y
-    bounds = [first]
-    for a in alone:
-        bounds += [a, a + 1] if a > bounds[-1] else [a + 1]
-    if bounds[-1] < x.shape[0]:
-        bounds.append(x.shape[0])
-    if bf16_gemm_in_f32(x):
-        return out.copy_(torch.cat([linear(x[a:b], weight, bias) for a, b in zip(bounds, bounds[1:])]))
-    # each part's GEMM written into its rows of the output: in place (F.linear's own mm/addmm),
-    # or copied from a packed weight's GEMM or a float32 one on padded rows, which make their own
-    for a, b in zip(bounds, bounds[1:]):
-        rows = out[a - first : b - first]
-        if isinstance(weight, PackedWeight) or x.dtype == torch.float32:  # (float32: row tiles, `linear`)
-            rows.copy_(linear(x[a:b], weight, bias))
-        elif bias is None:
-            torch.mm(x[a:b], weight.t(), out=rows)
-        else:
-            torch.addmm(bias, x[a:b], weight.t(), out=rows)
-    return out
+def dense_rows(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None,
+               alone: Sequence[int] = ()) -> torch.Tensor:
+    """x @ weight^T (+ bias) -> [rows, out]: every row in one GEMM (no copy of its output), then
+    each row of `alone` again by itself in its place (a layer with only a dense weight)."""
+    y = linear(x, weight, bias)
+    if y.shape[0] > 1:
+        for a in alone:
+            y[a : a + 1] = linear(x[a : a + 1], weight, bias)
+    return y
