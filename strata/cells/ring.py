@@ -21,8 +21,10 @@ happen, so the ring's behaviour and cost are real and testable here.
 With layer groups (kv/groups.py) there is one ring per group (cells/ring_groups.py): a ring
 serves its group's layers (`RingGroup`), keys its pages by that group's chunk ids, and a
 windowed group's ring reads each lane's pages from its window's first page on only, dropping
-the pages that fall behind (`_release_behind`). A page none of whose cells a reading lane has
-committed is admitted or staged without a copy (`_fresh`: every cell read is written first).
+the pages that fall behind (`_release_behind`). A page is admitted or staged with only the
+cells some reading lane has committed (`_committed`; none: no copy): every later cell is
+written (through the ring) before it is read, as no page is shared past a reader's commit
+(kv/table.py: a fork shares full chunks within its cells only).
 """
 
 from __future__ import annotations
@@ -191,14 +193,14 @@ class KVRing:
         if self.window is not None:
             self._release_behind(work, reads)
         plan = self.residency.plan(reads)
-        fresh = self._fresh(work, reads)
-        count_step(self.counters, work, reads, plan, fresh, self.page * self.bytes_per_cell)
+        committed = self._committed(work, reads)
         arena_cells = self.num_slots * self.page
         start = {p: s * self.page for p, s in plan.slot_of.items()}
         start.update({p: arena_cells + i * self.page for i, p in enumerate(plan.streamed)})
-        admit = merge_runs([(p * self.page, s * self.page) for p, s in plan.admitted if p not in fresh], self.page)
-        stage = merge_runs([(p * self.page, i * self.page) for i, p in enumerate(plan.streamed) if p not in fresh],
-                           self.page)
+        admit = merge_runs([(p * self.page, s * self.page, committed[p]) for p, s in plan.admitted if committed[p]])
+        stage = merge_runs([(p * self.page, i * self.page, committed[p])
+                            for i, p in enumerate(plan.streamed) if committed[p]])
+        count_step(self.counters, work, reads, plan, sum(n for _, _, n in admit + stage) * self.bytes_per_cell)
         self._ensure_staging(len(plan.streamed) * self.page)
         where = PageMap(start, arena_cells)
         writes = []
@@ -228,16 +230,16 @@ class KVRing:
             self._last_reads[w.lane] = (w.request_id, r.pages)
         self.counters.pages_released += self.residency.invalidate(behind)
 
-    def _fresh(self, work: Sequence[LaneWork], reads: Sequence[LaneReads]) -> set[int]:
-        """Pages none of whose cells holds a committed position of a lane reading them (every one
-        is written this step or later): their pool copy has nothing to read, so it is not copied."""
-        fresh: set[int] = set()
-        held: set[int] = set()
+    def _committed(self, work: Sequence[LaneWork], reads: Sequence[LaneReads]) -> dict[int, int]:
+        """Page -> its leading cells that hold a committed position of some lane reading it: the
+        only cells a copy of it needs (the rest are written this step, or later, before any read)."""
+        committed: dict[int, int] = {}
         for w, r in zip(work, reads):
             first = self.first_page(w)
             for i, p in enumerate(r.pages):
-                (fresh if (first + i) * self.page >= w.start else held).add(p)
-        return fresh - held
+                n = min(self.page, max(0, w.start - (first + i) * self.page))
+                committed[p] = max(committed.get(p, 0), n)
+        return committed
 
     def _ensure_staging(self, cells: int) -> None:
         cells = max(cells, self.page)

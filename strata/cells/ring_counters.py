@@ -38,8 +38,8 @@ class RingCounters:
 
 
 def count_step(c: RingCounters, work: Sequence[LaneWork], reads: Sequence[LaneReads], plan: ResidencyPlan,
-               fresh: set[int], bytes_per_page: int) -> None:
-    """One step's reads and copies (`fresh` pages are not copied: cells/ring.py `_fresh`)."""
+               bytes_copied: int) -> None:
+    """One step's reads, and the bytes its copies move (only committed cells: cells/ring.py `_committed`)."""
     for w, r, lr in zip(work, reads, plan.lanes):
         lane = c.lanes[w.lane]
         lane.pages_read += len(r.pages)
@@ -52,5 +52,4 @@ def count_step(c: RingCounters, work: Sequence[LaneWork], reads: Sequence[LaneRe
         c.page_hits += lr.resident
     c.pages_streamed += len(plan.streamed)
     c.pages_admitted += len(plan.admitted)
-    copied = sum(1 for p in plan.streamed if p not in fresh) + sum(1 for p, _ in plan.admitted if p not in fresh)
-    c.bytes_copied += copied * bytes_per_page
+    c.bytes_copied += bytes_copied

@@ -8,7 +8,7 @@ window's first position, through the group's own table): each lane keeps
 group's arena holds every lane's (`min(--kv-ring-budget, lanes x window ring)` cells per
 layer), so once a lane's ring covers its window and step, its windowed layers are read from
 device cells only and that group streams nothing (a page entering the window is written
-there first: it is admitted without a copy, cells/ring.py `_fresh`).
+there first: it is admitted without a copy, cells/ring.py `_committed`).
 
 Windowed groups evict by `clock` whatever `--kv-evict` says: a page that left every window is
 never read again (but by a branch), which lrfu's frequency would keep in place of the new

@@ -30,14 +30,14 @@ class PageMap:
     num_arena_cells: int
 
 
-def merge_runs(pairs: Sequence[tuple[int, int]], length: int) -> list[tuple[int, int, int]]:
-    """(src, dst) starts of `length`-cell blocks -> (src, dst, cells) runs, joining blocks that continue each other."""
+def merge_runs(blocks: Sequence[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """(src, dst, cells) blocks -> (src, dst, cells) runs, joining blocks that continue each other."""
     runs: list[list[int]] = []
-    for src, dst in sorted(pairs):
+    for src, dst, n in sorted(blocks):
         if runs and runs[-1][0] + runs[-1][2] == src and runs[-1][1] + runs[-1][2] == dst:
-            runs[-1][2] += length
+            runs[-1][2] += n
         else:
-            runs.append([src, dst, length])
+            runs.append([src, dst, n])
     return [tuple(r) for r in runs]
 
 
@@ -45,7 +45,7 @@ def _copy(dst: Cells, src: Cells, runs: Sequence[tuple[int, int, int]], non_bloc
     """(src cell, dst cell, cells) runs from `src` into `dst`, every part (cells on dim 1)."""
     for d, s in zip(dst.parts, src.parts):
         for src_start, dst_start, n in runs:
-            d[:, dst_start : dst_start + n].copy_(s[:, src_start : src_start + n], non_blocking=non_blocking)
+            d.narrow(1, dst_start, n).copy_(s.narrow(1, src_start, n), non_blocking=non_blocking)
 
 
 class RingStep:
@@ -74,11 +74,13 @@ class RingStep:
         if not self.admit and not self.stage:  # everything read is resident already
             return
         r = self.ring
-        k_stage, v_stage = self._buffer(i)
-        _copy(r.arena_k[i], r.host.k[i], self.admit, non_blocking)
-        _copy(r.arena_v[i], r.host.v[i], self.admit, non_blocking)
-        _copy(k_stage, r.host.k[i], self.stage, non_blocking)
-        _copy(v_stage, r.host.v[i], self.stage, non_blocking)
+        if self.admit:
+            _copy(r.arena_k[i], r.host.k[i], self.admit, non_blocking)
+            _copy(r.arena_v[i], r.host.v[i], self.admit, non_blocking)
+        if self.stage:
+            k_stage, v_stage = self._buffer(i)
+            _copy(k_stage, r.host.k[i], self.stage, non_blocking)
+            _copy(v_stage, r.host.v[i], self.stage, non_blocking)
 
     def layer_caches(self, i: int) -> tuple[RingCells, RingCells]:
         r = self.ring

@@ -133,18 +133,55 @@ def test_the_pool_copy_is_complete_after_park_move_and_evictions(engines, pooled
         torch.testing.assert_close(v1, v2, rtol=1e-4, atol=1e-5)
 
 
+def _committed_cells(engine: Engine) -> dict[int, int]:
+    """Pool page -> how many of its leading cells hold a position of a held conversation."""
+    chunk = engine._kv.chunk_size
+    per_chunk = chunk // PAGE
+    cells: dict[int, int] = {}
+    for conv in engine._scheduler.cache:
+        for c, chunk_id in enumerate(conv.table.chunk_ids):
+            for i in range(per_chunk):
+                n = min(PAGE, max(0, conv.num_cells - c * chunk - i * PAGE))
+                page = chunk_id * per_chunk + i
+                cells[page] = max(cells.get(page, 0), n)
+    return cells
+
+
 def test_resident_pages_match_the_pool_exactly(engines):
-    """Every page the arena holds is a copy of its pool cells, bit for bit (write-through)."""
+    """Every page the arena holds is a copy of its pool cells, bit for bit (write-through),
+    in every cell that holds a position: a page is copied in with its committed cells only,
+    the rest are written through the ring before anything reads them."""
     engine = engines(True, 16, False, "f32", 3, "lrfu")
     engine._scheduler.clear_cache()
     run(engine, [list(range(500, 590)), list(range(700, 733))])
     ring = engine._ring.full
+    committed = _committed_cells(engine)
     assert ring.residency.num_resident > 0
+    assert any(0 < committed[p] < PAGE for p in ring.residency.slot_of)  # a partial page is resident
     for page, slot in ring.residency.slot_of.items():
+        n = committed[page]
         for layer in range(engine._kv.num_layers):
-            host = engine._kv.k[layer].data[:, page * PAGE : (page + 1) * PAGE]
-            dev = ring.arena_k[layer].data[:, slot * PAGE : (slot + 1) * PAGE]
+            host = engine._kv.k[layer].data[:, page * PAGE : page * PAGE + n]
+            dev = ring.arena_k[layer].data[:, slot * PAGE : slot * PAGE + n]
             assert torch.equal(host, dev.cpu())
+
+
+@pytest.mark.parametrize("pooled", [False, True])
+def test_a_streamed_tail_page_copies_its_committed_cells_only(engines, pooled):
+    """A ring of 3 pages and a 50-cell prompt: pages 0-2 are resident, the tail page (cells
+    48-49, then one more a step) streams. Each decode step copies the tail's committed cells
+    (2, 3, ... 8 of them: the new cell is written, not copied), never the whole page."""
+    engine = engines(pooled, 16, False, "f32", 3)
+    engine._scheduler.clear_cache()
+    ring = engine._ring.full
+    engine.submit(list(range(900, 950)), GREEDY)
+    while not ring.counters.tokens or ring.counters.tokens < 50:  # the prompt, in pieces
+        engine.step()
+    before = ring.counters.bytes_copied
+    while engine.has_work:
+        engine.step()
+    assert ring.counters.tokens == 50 + NEW - 1
+    assert ring.counters.bytes_copied - before == sum(range(2, 2 + NEW - 1)) * ring.bytes_per_cell
 
 
 def test_default_model_long_prompt_through_a_small_ring(gguf_path):
