@@ -93,7 +93,7 @@ void bind_decode_layer(pybind11::module_& m) {
       .def(pybind11::init<torch::Tensor, torch::Tensor, double, const pybind11::object&, c10::optional<torch::Tensor>,
                           const pybind11::object&, c10::optional<torch::Tensor>, const pybind11::object&,
                           const pybind11::object&, int64_t, int64_t, int64_t>())
-      .def("__call__", &DecodeLayer::forward);
+      .def("__call__", &DecodeLayer::forward, NoGil());
 }
 
 }  // namespace strata

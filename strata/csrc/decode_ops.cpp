@@ -218,12 +218,12 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
 }  // namespace strata
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("rms_norm", &strata::rms_norm);
-  m.def("add_rms_norm", &strata::add_rms_norm);
-  m.def("rope_write", &strata::rope_write);
-  m.def("silu_mul", &strata::silu_mul);
+  m.def("rms_norm", &strata::rms_norm, strata::NoGil());
+  m.def("add_rms_norm", &strata::add_rms_norm, strata::NoGil());
+  m.def("rope_write", &strata::rope_write, strata::NoGil());
+  m.def("silu_mul", &strata::silu_mul, strata::NoGil());
   strata::bind_decode_layer(m);
-  m.def("decode_attention", &strata::decode_attention, py::arg("q"), py::arg("k_cache"), py::arg("v_cache"),
+  m.def("decode_attention", &strata::decode_attention, strata::NoGil(), py::arg("q"), py::arg("k_cache"), py::arg("v_cache"),
         py::arg("spans"), py::arg("row_spans"), py::arg("scale"), py::arg("k_more") = py::none(),
         py::arg("v_more") = py::none());
   m.def("attention_isa", &strata::attention_isa);
@@ -231,20 +231,20 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_attention_isa", &strata::set_attention_isa);
   pybind11::class_<strata::QuantLinear>(m, "QuantLinear")
       .def(pybind11::init<std::vector<torch::Tensor>, std::vector<int64_t>>())
-      .def("__call__", &strata::QuantLinear::forward)
+      .def("__call__", &strata::QuantLinear::forward, strata::NoGil())
       .def_property_readonly("in_features", &strata::QuantLinear::in_features)
       .def_property_readonly("out_features", &strata::QuantLinear::out_features);
   pybind11::class_<strata::Quant4x8Linear>(m, "Quant4x8Linear")
       .def(pybind11::init<torch::Tensor, int64_t, int64_t, int64_t, int64_t>(), pybind11::arg("packed"),
            pybind11::arg("out_features"), pybind11::arg("in_features"), pybind11::arg("act_bits") = 8,
            pybind11::arg("weight_bits") = 4)
-      .def("__call__", &strata::Quant4x8Linear::forward)
+      .def("__call__", &strata::Quant4x8Linear::forward, strata::NoGil())
       .def_property_readonly("in_features", &strata::Quant4x8Linear::in_features)
       .def_property_readonly("out_features", &strata::Quant4x8Linear::out_features)
       .def_property_readonly("act_bits", &strata::Quant4x8Linear::act_bits)
       .def_property_readonly("weight_bits", &strata::Quant4x8Linear::weight_bits);
-  m.def("quant_matmul", &strata::quant_matmul);
-  m.def("quant_dequant_rows", &strata::quant_dequant_rows);
+  m.def("quant_matmul", &strata::quant_matmul, strata::NoGil());
+  m.def("quant_dequant_rows", &strata::quant_dequant_rows, strata::NoGil());
   m.def("quant_isa", &strata::quant_isa);
   m.def("quant_isas", &strata::quant_isas);
   m.def("set_quant_isa", &strata::set_quant_isa);

@@ -9,6 +9,10 @@
 
 namespace strata {
 
+// A binding's guard: the kernel runs without the GIL (arguments are converted before it, the
+// result after), so other Python threads (the server's asyncio loop) run while a step computes.
+using NoGil = pybind11::call_guard<pybind11::gil_scoped_release>;
+
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps);
 torch::Tensor add_rms_norm(torch::Tensor x, torch::Tensor d, torch::Tensor w, double eps);
 torch::Tensor rope_write(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, std::vector<torch::Tensor> k_caches,
