@@ -71,9 +71,7 @@ class RingStep:
         return buffers[self.ring.rank[i] % len(buffers)]  # the ring's consecutive layers take turns
 
     def _issue(self, i: int, non_blocking: bool) -> None:
-        if not self.admit and not self.stage:  # everything read is resident already
-            return
-        r = self.ring
+        r = self.ring  # nothing admitted or staged: everything read is resident already
         if self.admit:
             _copy(r.arena_k[i], r.host.k[i], self.admit, non_blocking)
             _copy(r.arena_v[i], r.host.v[i], self.admit, non_blocking)

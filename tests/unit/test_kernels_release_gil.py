@@ -55,8 +55,8 @@ def finishes_during(call) -> tuple[bool, float]:
 @pytest.mark.parametrize("kernel", ["rms_norm", "silu_mul", "add_rms_norm"])
 def test_a_long_kernel_lets_another_thread_run(decode_path, decode_ops, kernel):
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(8192, 2048, generator=g).to(torch.bfloat16)
-    w = torch.ones(2048, dtype=torch.bfloat16)
+    x = torch.randn(8192, 2048, generator=g)  # float32: the test reads no values, only the order of events
+    w = torch.ones(2048)
     calls = {
         "rms_norm": lambda: decode_ops.rms_norm(x, w, 1e-5),
         "silu_mul": lambda: decode_ops.silu_mul(x),
