@@ -22,7 +22,8 @@ else:
                                 ["strata/csrc/decode_ops.cpp", "strata/csrc/decode_layer.cpp", "strata/csrc/decode_attention.cpp",
                                  "strata/csrc/quant_ops.cpp", "strata/csrc/quant_avx2.cpp",
                                  "strata/csrc/quant_vnni.cpp", "strata/csrc/attention_avx2.cpp",
-                                 "strata/csrc/attention_avx512.cpp", "strata/csrc/attention_avx512bf16.cpp"],
+                                 "strata/csrc/attention_avx512.cpp", "strata/csrc/attention_avx512bf16.cpp",
+                                 "strata/csrc/amx_gemm.cpp"],
                                 extra_compile_args=["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"],
                                 extra_link_args=["-fopenmp"], optional=True)]
     cmdclass = {"build_ext": BuildExtension.with_options(use_ninja=False)}

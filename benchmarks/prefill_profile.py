@@ -4,9 +4,11 @@
 
 strata (bf16, `--weights auto`: prompts read the dense weights) reads the whole prompt in
 one step (`--prefill-chunk` = the prompt); transformers (dense bf16, the same GGUF
-dequantised) runs one forward over it. Each arm is profiled over `--rounds` fresh prompts
-under `torch.profiler` (CPU), alternating; the table lists ms per prompt for the heaviest
-ops by self CPU time and the wall time; the JSON (benchmarks/results/prefill_profile.json, or
+dequantised) runs one forward over it. Where the CPU has AMX-BF16, a second strata arm,
+`strata onednn`, holds its dense weights for oneDNN's GEMM instead of strata's AMX kernel
+(`STRATA_DENSE_GEMM=onednn`); the AMX kernel's calls are listed as `strata::amx_linear`.
+Each arm is profiled over `--rounds` fresh prompts under `torch.profiler` (CPU), alternating;
+the table lists ms per prompt for the heaviest ops by self CPU time and the wall time; the JSON (benchmarks/results/prefill_profile.json, or
 under --out) has every op. `--quick`: a 32-token prompt, one round, one pass.
 """
 
@@ -19,7 +21,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import add_quick_and_out, print_table, write_json
+from benchmarks.common import add_quick_and_out, cpu_name, print_table, write_json
 from benchmarks.decode import prompt_ids
 
 TOP = 10
@@ -55,26 +57,50 @@ def main() -> None:
     from strata.sampling import SamplingParams
 
     torch.set_num_threads(args.threads)
-    engine = Engine(EngineConfig(dtype="bfloat16", weights="auto", max_context=args.prompt + 64, batch=0,
-                                 prefill_chunk=args.prompt, threads=args.threads, spec="off"), progress=False)
+    from strata.models.packed import PackedWeight, amx_gemm
+
+    mm = PackedWeight.mm
+
+    def labelled(self, x, bias=None):  # strata's AMX GEMM is no torch op: give the profiler a name for it
+        if self.amx is None:
+            return mm(self, x, bias)
+        with torch.profiler.record_function("strata::amx_linear"):
+            return mm(self, x, bias)
+
+    PackedWeight.mm = labelled
+
+    def make_engine() -> Engine:
+        return Engine(EngineConfig(dtype="bfloat16", weights="auto", max_context=args.prompt + 64, batch=0,
+                                   prefill_chunk=args.prompt, threads=args.threads, spec="off"), progress=False)
+
+    engines = {"strata": make_engine()}
+    if amx_gemm() is not None:  # the same engine with oneDNN's GEMMs for its dense weights, side by side
+        os.environ["STRATA_DENSE_GEMM"] = "onednn"
+        engines["strata onednn"] = make_engine()
+        del os.environ["STRATA_DENSE_GEMM"]
+    engine = engines["strata"]
     path = default_model_path()
     hf = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
                                               dtype=torch.bfloat16).eval()
     params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
 
-    def strata_prompt(i: int) -> None:
-        engine.submit(prompt_ids(engine.tokenizer, args.prompt, 100 + i), params)
-        engine.run_until_done()
-        engine._scheduler.clear_cache()  # the next prompt shares no prefix
+    def strata_arm(e: Engine):
+        def run(i: int) -> None:
+            e.submit(prompt_ids(e.tokenizer, args.prompt, 100 + i), params)
+            e.run_until_done()
+            e._scheduler.clear_cache()  # the next prompt shares no prefix
+        return run
 
     def hf_prompt(i: int) -> None:
         ids = torch.tensor([prompt_ids(engine.tokenizer, args.prompt, 200 + i)])
         with torch.inference_mode():
             hf(input_ids=ids, use_cache=True, logits_to_keep=1)
 
-    strata_prompt(99), hf_prompt(99)  # warm
+    arms = [(name, strata_arm(e)) for name, e in engines.items()] + [("transformers", hf_prompt)]
+    for _, fn in arms:
+        fn(99)  # warm
     res = {}
-    for arm, fn in (("strata", strata_prompt), ("transformers", hf_prompt)) * (1 if args.quick else 2):
+    for arm, fn in arms * (1 if args.quick else 2):
         wall, ops = profiled(fn, args.rounds)
         if arm not in res or wall < res[arm]["ms"]:
             res[arm] = {"ms": wall, "ops": ops}
@@ -84,7 +110,9 @@ def main() -> None:
     rows.append(["prompt (wall)"] + [res[a]["ms"] for a in res])
     rows.append(["prefill tok/s"] + [args.prompt * 1e3 / res[a]["ms"] for a in res])
     print_table(f"{args.prompt}-token prefill, bf16, {args.threads} threads: self CPU ms per prompt "
-                f"(strata / transformers speed = {res['transformers']['ms'] / res['strata']['ms']:.2f})",
+                f"(strata / transformers speed = {res['transformers']['ms'] / res['strata']['ms']:.2f}"
+                + "".join(f", {a} {res['transformers']['ms'] / res[a]['ms']:.2f}" for a in res if a.startswith("strata "))
+                + f"; {cpu_name()})",
                 ["op", *res], rows)
     print(f"raw numbers: {write_json('prefill_profile.json', {'args': vars(args), 'results': res}, args.out)}")
 

@@ -30,6 +30,8 @@ Q4_KERNEL_ENV = "STRATA_Q4_KERNEL"
 Q4_KERNELS = ("auto", "x8", "x8-int8", "int4")  # how --weights auto reads Q4_0/Q4_1 at bfloat16 decode rows (models/linear.py)
 HEAD_KERNEL_ENV = "STRATA_HEAD_KERNEL"
 HEAD_KERNELS = ("auto", "int8", "quant", "x8")  # how --weights auto reads the LM head at bfloat16 decode rows (models/head.py)
+DENSE_GEMM_ENV = "STRATA_DENSE_GEMM"
+DENSE_GEMMS = ("auto", "amx", "onednn")  # which GEMM reads packed bfloat16 weights on the CPU (models/packed.py)
 ATTENTION_ISA_ENV = "STRATA_ATTENTION_ISA"
 ATTENTION_ISAS = ("auto", "avx2", "avx512", "avx512_bf16")  # the fused decode attention's variants (strata/csrc/attention_*.cpp)
 DEFAULT_SPEC_K = 3  # up to 4 rows a verify step; the adaptive count (drafting/adaptive.py) proposes fewer where they do not pay
@@ -186,6 +188,14 @@ def q4_kernel_from_env(environ: Mapping[str, str] | None = None) -> str:
     difference on the default model); `int4`: torch's int4 kernel (bfloat16 activations);
     anything else is an error."""
     return choice_from_env(Q4_KERNEL_ENV, Q4_KERNELS, environ)
+
+
+def dense_gemm_from_env(environ: Mapping[str, str] | None = None) -> str:
+    """`$STRATA_DENSE_GEMM`: which GEMM reads the bfloat16 dense weights held in a GEMM's layout
+    (models/packed.py). Unset, empty or `auto`: strata's AMX kernel where the CPU has AMX-BF16,
+    else oneDNN's; `onednn`: oneDNN's everywhere; `amx`: strata's (an error where it cannot
+    run); anything else is an error."""
+    return choice_from_env(DENSE_GEMM_ENV, DENSE_GEMMS, environ)
 
 
 def head_kernel_from_env(environ: Mapping[str, str] | None = None) -> str:

@@ -26,5 +26,6 @@ std::string attention_isa();
 std::vector<std::string> attention_isas();
 void set_attention_isa(const std::string& name);
 void bind_decode_layer(pybind11::module_& m);
+void bind_amx(pybind11::module_& m);  // amx_gemm.cpp
 
 }  // namespace strata

@@ -26,6 +26,7 @@ TABLE_RULE = re.compile(r"^-+(-\|-+)+$", re.M)  # benchmarks/common.py's print_t
 # script -> (arguments besides --quick, files written under the output directory, what its output must say)
 QUICK = {
     "decode": ([], ["decode.json", "decode.png"], ["--quick: strata's arm only"]),
+    "dense_gemm": ([], ["dense_gemm.json", "dense_gemm.png"], ["x oneDNN"]),
     "head_quality": ([], ["head_quality-first2.json"], []),
     "kv_quality": ([], ["kv_quality-int8-vs-bf16-first2.json"], []),
     "prefill_profile": ([], ["prefill_profile.json"], []),

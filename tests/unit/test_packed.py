@@ -19,12 +19,15 @@ from hypothesis import strategies as st
 from strata.models.linear import fused_linear
 from strata.config import EngineConfig
 from strata.engine.engine import Engine
-from strata.models.packed import PackedWeight, packs_weights
+from strata.errors import ConfigError
+from strata.models.packed import PackedWeight, amx_gemm, packs_weights, warm_packed
 from strata.models.rows import dense_rows, linear
 
 CPU = torch.device("cpu")
 needs_packing = pytest.mark.skipif(not packs_weights(torch.bfloat16, CPU),
                                    reason="this CPU has no native bfloat16 GEMM (no AVX-512 BF16, no AMX)")
+needs_amx = pytest.mark.skipif(not packs_weights(torch.bfloat16, CPU) or amx_gemm() is None,
+                               reason="this CPU (or build) has no AMX-BF16 GEMM")
 
 
 def _close_to_exact(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> None:
@@ -100,6 +103,7 @@ def test_layer_projections_are_packed_and_expert_storage_is_not():
 
 @needs_packing
 def test_warm_up_runs_every_dense_shape_at_every_piece_length(gguf_path, monkeypatch):
+    monkeypatch.setenv("STRATA_DENSE_GEMM", "onednn")  # the AMX kernel makes no kernel per row count
     engine = Engine(EngineConfig(model=gguf_path, dtype="bfloat16", weights="auto", max_context=64, prefill_chunk=12,
                                  spec="off"), progress=False)
     shapes = {tuple(lin.weight.shape) for lin in engine._model.projections()}
@@ -114,3 +118,59 @@ def test_warm_up_runs_every_dense_shape_at_every_piece_length(gguf_path, monkeyp
     monkeypatch.setattr(PackedWeight, "mm", recorded)
     engine.warm_up()
     assert sorted(seen) == sorted((shape, rows) for shape in shapes for rows in range(1, 13))
+
+
+@needs_amx
+@settings(max_examples=30, deadline=None)
+@given(rows=st.integers(1, 130), out=st.sampled_from([32, 64, 96]), inp=st.sampled_from([32, 64, 576]),
+       bias=st.booleans(), seed=st.integers(0, 2 ** 16))
+def test_the_amx_gemm_sums_exact_products_and_rounds_once(rows, out, inp, bias, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, inp, generator=g).bfloat16()
+    w = torch.randn(out, inp, generator=g).bfloat16()
+    b = torch.randn(out, generator=g).bfloat16() if bias else None
+    p = PackedWeight(w)
+    assert p.amx is not None and p.numel() * p.element_size() == w.numel() * 2
+    got = linear(x, p, b)
+    assert got.shape == (rows, out)
+    _close_to_exact(got, x, w, b)
+    assert torch.equal(p.plain(), w)
+
+
+@needs_amx
+@settings(max_examples=20, deadline=None)
+@given(rows=st.integers(2, 100), picks=st.lists(st.integers(0, 99), min_size=1, max_size=5), seed=st.integers(0, 2 ** 16))
+def test_an_amx_row_is_the_same_whatever_rows_share_its_gemm(rows, picks, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, 64, generator=g).bfloat16()
+    w, b = torch.randn(96, 64, generator=g).bfloat16(), torch.randn(96, generator=g).bfloat16()
+    p = PackedWeight(w)
+    whole = p.mm(x, b)
+    picked = sorted({r % rows for r in picks})
+    assert torch.equal(p.mm(x[picked], b), whole[picked])  # a few rows alone, in a partial block of 32
+    assert torch.equal(p.mm(x[picked[-1]:], b), whole[picked[-1]:])  # a block boundary elsewhere
+
+
+@needs_amx
+def test_the_dense_gemm_is_chosen_by_environment_and_shape(monkeypatch):
+    w = torch.randn(64, 32).bfloat16()
+    assert PackedWeight(w).amx is not None
+    assert PackedWeight(w[:40]).amx is None  # 40 outputs: not whole blocks of 32, oneDNN's layout
+    monkeypatch.setenv("STRATA_DENSE_GEMM", "onednn")
+    oned = PackedWeight(w)
+    assert oned.amx is None and torch.equal(oned.plain(), w)
+    warm_packed([oned, PackedWeight(w[:40])], 2)  # oneDNN's kernels made; nothing to make for AMX
+    monkeypatch.setenv("STRATA_DENSE_GEMM", "avx")
+    with pytest.raises(ConfigError, match="STRATA_DENSE_GEMM"):
+        PackedWeight(w)
+
+
+@needs_packing
+def test_asking_for_the_amx_gemm_where_it_cannot_run_is_an_error(monkeypatch):
+    if amx_gemm() is not None:
+        monkeypatch.setattr("strata.models.packed.load_quant_ops", lambda: None)  # as on a CPU without it
+    monkeypatch.setenv("STRATA_DENSE_GEMM", "amx")
+    with pytest.raises(ConfigError, match="STRATA_DENSE_GEMM=amx"):
+        amx_gemm()
+    monkeypatch.setenv("STRATA_DENSE_GEMM", "auto")
+    assert amx_gemm() is None
