@@ -8,8 +8,8 @@ dequantised) runs one forward over it. Where the CPU has AMX-BF16, a second stra
 `strata onednn`, holds its dense weights for oneDNN's GEMM instead of strata's AMX kernel
 (`STRATA_DENSE_GEMM=onednn`); the AMX kernel's calls are listed as `strata::amx_linear`.
 Each arm is profiled over `--rounds` fresh prompts under `torch.profiler` (CPU), alternating;
-the table lists ms per prompt for the heaviest ops by self CPU time and the wall time; the JSON (benchmarks/results/prefill_profile.json, or
-under --out) has every op. `--quick`: a 32-token prompt, one round, one pass.
+the table lists ms per prompt for the heaviest ops by self CPU time and the wall time; the
+JSON (benchmarks/results/prefill_profile.json, or under --out) has every op. `--quick`: a 32-token prompt, one round, one pass.
 """
 
 from __future__ import annotations
