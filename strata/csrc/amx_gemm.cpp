@@ -1,6 +1,6 @@
 // bfloat16 GEMMs on AMX tiles (Intel AMX-BF16), for the dense projections of prompt pieces:
 //   amx_available() -> bool: this CPU has AMX-TILE and AMX-BF16 and the kernel let this process use them
-//   amx_pack(w) -> packed: w [n, k] bfloat16 (n % 32 == 0, k % 32 == 0) -> uint16 [n / 16, k / 32, 16, 32]:
+//   amx_pack(w) -> packed: w [n, k] bfloat16 (n % 32 == 0, k % 32 == 0) -> int16 (the bf16 bits) [n / 16, k / 32, 16, 32]:
 //       for each block of 16 output columns and 32 input values, the B tile of tdpbf16ps: row r
 //       holds the pairs (w[c][2r], w[c][2r + 1]) of the block's 16 columns c side by side.
 //   amx_unpack(packed) -> w [n, k] bfloat16 (the inverse)
