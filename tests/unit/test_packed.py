@@ -47,6 +47,13 @@ def test_only_bfloat16_cpu_weights_are_packed():
 @given(rows=st.integers(1, 130), out=st.sampled_from([8, 40, 96]), inp=st.sampled_from([16, 64, 200]),
        bias=st.booleans(), seed=st.integers(0, 2 ** 16))
 def test_the_packed_gemm_sums_exact_products(rows, out, inp, bias, seed):
+    _packed_gemm_is_exact(rows, out, inp, bias, seed)
+
+
+def _packed_gemm_is_exact(rows: int, out: int, inp: int, bias: bool, seed: int) -> PackedWeight:
+    """Packs a random [out, inp] bf16 weight, checks its GEMM on `rows` random rows against
+    float64 and its bytes, and returns it. bf16 throughout: the packed GEMMs are bf16 only; the
+    check is a tolerance around the exact product, the same on every CPU."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, inp, generator=g).bfloat16()
     w = torch.randn(out, inp, generator=g).bfloat16()
@@ -56,6 +63,8 @@ def test_the_packed_gemm_sums_exact_products(rows, out, inp, bias, seed):
     got = linear(x, p, b)
     assert got.shape == (rows, out)
     _close_to_exact(got, x, w, b)
+    assert torch.equal(p.plain(), w)
+    return p
 
 
 @needs_packing
@@ -125,16 +134,7 @@ def test_warm_up_runs_every_dense_shape_at_every_piece_length(gguf_path, monkeyp
 @given(rows=st.integers(1, 130), out=st.sampled_from([32, 64, 96]), inp=st.sampled_from([32, 64, 576]),
        bias=st.booleans(), seed=st.integers(0, 2 ** 16))
 def test_the_amx_gemm_sums_exact_products_and_rounds_once(rows, out, inp, bias, seed):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(rows, inp, generator=g).bfloat16()
-    w = torch.randn(out, inp, generator=g).bfloat16()
-    b = torch.randn(out, generator=g).bfloat16() if bias else None
-    p = PackedWeight(w)
-    assert p.amx is not None and p.numel() * p.element_size() == w.numel() * 2
-    got = linear(x, p, b)
-    assert got.shape == (rows, out)
-    _close_to_exact(got, x, w, b)
-    assert torch.equal(p.plain(), w)
+    assert _packed_gemm_is_exact(rows, out, inp, bias, seed).amx is not None
 
 
 @needs_amx
@@ -156,10 +156,15 @@ def test_the_dense_gemm_is_chosen_by_environment_and_shape(monkeypatch):
     w = torch.randn(64, 32).bfloat16()
     assert PackedWeight(w).amx is not None
     assert PackedWeight(w[:40]).amx is None  # 40 outputs: not whole blocks of 32, oneDNN's layout
+    amx = PackedWeight(w)
     monkeypatch.setenv("STRATA_DENSE_GEMM", "onednn")
-    oned = PackedWeight(w)
-    assert oned.amx is None and torch.equal(oned.plain(), w)
-    warm_packed([oned, PackedWeight(w[:40])], 2)  # oneDNN's kernels made; nothing to make for AMX
+    oned = PackedWeight(w[:, :16])
+    assert oned.amx is None and torch.equal(oned.plain(), w[:, :16])
+    seen = []
+    mm = PackedWeight.mm
+    monkeypatch.setattr(PackedWeight, "mm", lambda self, x, b=None: seen.append((tuple(self.shape), len(x))) or mm(self, x, b))
+    warm_packed([amx, oned], 2)
+    assert seen == [((64, 16), 1), ((64, 16), 2)]  # oneDNN's kernels made; nothing to make for AMX
     monkeypatch.setenv("STRATA_DENSE_GEMM", "avx")
     with pytest.raises(ConfigError, match="STRATA_DENSE_GEMM"):
         PackedWeight(w)
