@@ -28,6 +28,7 @@
 #include <cstring>
 #include <vector>
 
+#include "activation.h"
 #include "decode_ops.h"
 #include "quant_ops.h"
 #include "vec.h"
@@ -181,7 +182,8 @@ torch::Tensor rope_write(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin
 template <typename T>
 void silu_mul_row(const T* g, const T* u, T* y, int64_t n) {
   // As torch: silu(gate) = gate / (1 + e^-gate) rounds to T, then the product rounds again.
-  int64_t i = 0;
+  // The AVX-512 row does the same per lane, 16 lanes at a time (activation_avx512.cpp).
+  int64_t i = silu_mul_avx512_ok() ? silu_mul_avx512(g, u, y, n) : 0;
   for (; i + 8 <= n; i += 8) {
     const __m256 a = strata::load8(g + i);
     const __m256 e = strata::exp8(_mm256_sub_ps(_mm256_setzero_ps(), a));

@@ -41,7 +41,7 @@ from strata.models.q4 import GROUP, Q4_TYPES, Q4Weight, pack_for_cpu, q4_from_bl
 from strata.models.packed import PackedWeight, packs_weights
 from strata.models.q4x8 import Q8X8_TYPES, X8Matmul, q8x8_faster
 from strata.models.quant import QuantMatmul, QuantWeight
-from strata.models.rows import RowKinds, dense_rows, linear, small_rows
+from strata.models.rows import RowKinds, dense_rows, linear, rows_alike, small_rows
 
 # Decode steps of up to this many rows read a 4-bit form beside the dense copy (auto), with or
 # without AMX (see the module docstring).
@@ -76,14 +76,16 @@ class Linear:
     def __call__(self, x: torch.Tensor, kinds: RowKinds | None = None) -> torch.Tensor:
         """x [rows, in] -> [rows, out]; `kinds`: which rows are decode rows (None: all of them).
         With a dense weight beside a 4-bit form, the decode rows read the 4-bit form when there
-        are at most `max_rows` of them, and so does every prompt row that samples (`alone`);
+        are at most `max_rows` of them, and so does every prompt row that samples (`alone`; but where
+        the dense GEMM's rows are alike at any row count, `rows_alike`, it reads dense in its piece);
         the other prompt rows read the dense weight (models/rows.py): a row's path depends on
         its kind and the step's decode-row count, never on the prompt rows beside it, and a
         sampling row's never on the rows beside it at all."""
         if self.weight is None:
             return self._four_bit(x)
         d = x.shape[0] if kinds is None else kinds.decode
-        alone = () if kinds is None else kinds.alone
+        # sampling rows read dense within their piece where its GEMM's rows are alike (rows.py)
+        alone = () if kinds is None or rows_alike(self.weight) else kinds.alone
         if self.max_rows is None:
             return dense_rows(x, self.weight, self.bias, alone)
         return small_rows(x, self._four_bit, self._dense, d if d <= self.max_rows else 0, alone)

@@ -85,6 +85,13 @@ class PackedWeight:
             return self.amx.amx_linear(x, self.packed, bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
 
+    @property
+    def rows_alike(self) -> bool:
+        """Whether `mm` gives each row the same values whatever rows share the call (the AMX
+        kernel: every row's sums in one order at any row count); oneDNN picks its kernel by
+        the row count."""
+        return self.amx is not None
+
     def numel(self) -> int:
         return self.shape[0] * self.shape[1]
 

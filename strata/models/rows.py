@@ -17,7 +17,9 @@ answers the same, every token:
   call (the step's decode rows, at any count); this streams only the small form's bytes, which
   the decode rows beside it stream anyway. Where the layer has only a dense weight, the dense
   weight multiplies the row on its own: a dense GEMM's rows are not bit-identical across row
-  counts (the library picks its kernel by the count);
+  counts (the library picks its kernel by the count). Where the dense GEMM's rows are
+  (`rows_alike`: strata's AMX kernel), the row is a prompt row like the others, read dense
+  within its piece: a retry's one-row piece reads it dense too, bit for bit the same;
 - it attends as one query over all its cells, summed in position order whatever the lane's
   layout, not within its piece's causal attention (SDPA's blocks depend on the piece's rows):
   with the fused decode kernel every row of a piece it reads reads so (runner/inputs.py
@@ -96,6 +98,12 @@ def linear(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None) ->
     return F.linear(x, weight, bias)
 
 
+def rows_alike(weight: Weight) -> bool:
+    """Whether `linear` gives each row of x the same values whatever rows share the call
+    (models/packed.py `PackedWeight.rows_alike`); a plain tensor's GEMM does not."""
+    return isinstance(weight, PackedWeight) and weight.rows_alike
+
+
 def small_rows(x: torch.Tensor, small: Callable[[torch.Tensor], torch.Tensor],
                dense: Callable[[torch.Tensor], torch.Tensor], first: int, alone: Sequence[int]) -> torch.Tensor:
     """x [rows, in] -> [rows, out]: rows [0, first) and each row of `alone` (>= first) by `small`
@@ -119,9 +127,10 @@ def small_rows(x: torch.Tensor, small: Callable[[torch.Tensor], torch.Tensor],
 def dense_rows(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None,
                alone: Sequence[int] = ()) -> torch.Tensor:
     """x @ weight^T (+ bias) -> [rows, out]: every row in one GEMM (no copy of its output), then
-    each row of `alone` again by itself in its place (a layer with only a dense weight)."""
+    each row of `alone` again by itself in its place (a layer with only a dense weight), unless
+    the GEMM's rows are alike at any row count (`rows_alike`)."""
     y = linear(x, weight, bias)
-    if y.shape[0] > 1:
+    if y.shape[0] > 1 and not rows_alike(weight):
         for a in alone:
             y[a : a + 1] = linear(x[a : a + 1], weight, bias)
     return y

@@ -3,12 +3,13 @@
 
 - The same chat sent twice at temperature 0 answers the same, every token: the second time only
   its last token is computed (the rest cached), as the first time: a prompt's sampling row reads
-  the 4-bit projections and the head's small form whatever rows share its step (their kernels
-  compute each row by itself), and that row attends as one query over all its cells in both
+  the 4-bit projections (or, on AMX, the dense ones) and the head's small form whatever rows
+  share its step (their kernels compute each row by itself), and that row attends as one query over all its cells in both
   (runner/inputs.py `_sample_read`), so it is bit-identical to the cold prompt's last row; the
   decode steps after it then read the same cells at the same positions.
 - Each projection and the head read decode rows (up to their limit) and sampling rows in their
-  small form, the other rows dense, each row as it would be read alone.
+  small form, the other rows dense, each row as it would be read alone; where the dense GEMM's
+  rows are alike at any row count (strata's AMX kernel) a projection reads sampling rows dense.
 - A step with a prompt piece beside a decoding lane computes the lane's row as a decode-only
   step does (4-bit) and the piece's rows as a prompt-only step does (dense), whichever of them
   is the longer.
@@ -23,7 +24,7 @@ import torch
 
 from strata.config import EngineConfig
 from strata.engine.engine import Engine
-from strata.models.rows import RowKinds, linear
+from strata.models.rows import RowKinds, linear, rows_alike
 from strata.sampling import SamplingParams
 from strata.step import LaneWork, StepOutput
 
@@ -114,7 +115,9 @@ def test_a_mixed_step_computes_each_row_by_its_kind(engine, quant_ops, piece, mo
 def test_sampling_rows_and_decode_rows_read_the_small_forms(engine):
     """Rows of a step [decode rows, prompt rows with sampling rows among them]: every row equals
     what its own form gives it alone, whatever the decode-row count (within the 4-bit limit or
-    past it, where decode rows read the dense weight). bfloat16 is safe on any CPU here: each
+    past it, where decode rows read the dense weight); sampling rows read the dense weight where
+    its GEMM's rows are alike at any row count (the AMX kernel), and are then still equal to
+    themselves alone. bfloat16 is safe on any CPU here: each
     row is compared with the same kernel's output on this CPU, never with fixed values."""
     model = engine._model
     g = torch.Generator().manual_seed(3)
@@ -126,7 +129,8 @@ def test_sampling_rows_and_decode_rows_read_the_small_forms(engine):
             y = lin(x, RowKinds(d, 0, alone))
             first = d if d <= lin.max_rows else 0
             for r in range(rows):
-                small = r < first or r in alone
+                # a sampling row reads dense in its piece where the dense GEMM's rows are alike
+                small = r < first or (r in alone and not rows_alike(lin.weight))
                 want = lin._four_bit(x[r : r + 1]) if small else linear(x[first:], lin.weight, lin.bias)[r - first][None]
                 assert torch.equal(y[r], want[0]), (d, alone, r, small)
     head = model.lm_head

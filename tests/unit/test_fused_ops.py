@@ -174,7 +174,7 @@ def test_decode_attention_refuses_spans_outside_storage(decode_path, decode_ops)
         decode_ops.decode_attention(torch.zeros(1, 1, 16), k, k, torch.tensor([[20, 13]]), torch.tensor([0, 1]), 1.0)
 
 
-@pytest.mark.parametrize("rows,width", [(1, 1536), (5, 100), (130, 96)])  # vector body and scalar tail
+@pytest.mark.parametrize("rows,width", [(1, 1536), (5, 100), (130, 96), (3, 104)])  # vector bodies, scalar tail
 def test_silu_mul(path_ops, rows, width):
     g = torch.Generator().manual_seed(rows)
     gate_up = torch.randn(rows, 2 * width, generator=g) * 6
@@ -184,6 +184,20 @@ def test_silu_mul(path_ops, rows, width):
     bf = gate_up.bfloat16()  # bfloat16: silu rounds, then the product rounds (two bf16 roundings)
     gate, up = bf.double().chunk(2, dim=-1)
     close(silu_mul(bf, path_ops), gate * torch.sigmoid(gate) * up, torch.bfloat16, 0, 1.6e-2)
+
+
+@pytest.mark.parametrize("decode_path", FUSED_ONLY)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_mul_gives_a_value_the_same_in_every_lane(decode_path, decode_ops, dtype):
+    """An activation's value does not depend on where in the row it is: 16-lane blocks (AVX-512,
+    where the CPU has it) and the 8-lane rest (AVX2) compute the same. Width 24: a value moves
+    between the two by rotating its row by 8."""
+    ops = decode_ops
+    g = torch.Generator().manual_seed(9)
+    gate, up = (torch.randn(64, 24, generator=g) * 6).to(dtype), torch.randn(64, 24, generator=g).to(dtype)
+    got = ops.silu_mul(torch.cat([gate, up], dim=1))
+    rolled = ops.silu_mul(torch.cat([gate.roll(8, 1), up.roll(8, 1)], dim=1))
+    assert torch.equal(rolled, got.roll(8, 1))
 
 
 @pytest.mark.parametrize("value,on", [("", True), ("1", True), ("on", True), ("0", False), ("false", False),
