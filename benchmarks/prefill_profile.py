@@ -4,9 +4,12 @@
 
 strata (bf16, `--weights auto`: prompts read the dense weights) reads the whole prompt in
 one step (`--prefill-chunk` = the prompt); transformers (dense bf16, the same GGUF
-dequantised) runs one forward over it. Where the CPU has AMX-BF16, a second strata arm,
-`strata onednn`, holds its dense weights for oneDNN's GEMM instead of strata's AMX kernel
-(`STRATA_DENSE_GEMM=onednn`); the AMX kernel's calls are listed as `strata::amx_linear`.
+dequantised) runs one forward over it. Where the CPU has AMX-BF16, two more strata arms run
+beside it: `strata sdpa` reads the prompt's cells with SDPA instead of strata's AMX attention
+(`STRATA_PROMPT_ATTENTION=sdpa`), and `strata onednn` also holds its dense weights for oneDNN's
+GEMM instead of strata's AMX kernel (`STRATA_DENSE_GEMM=onednn`: the engine before either
+kernel). strata's own kernels are no torch ops: their calls are listed as `strata::<name>`
+(`strata::amx_linear`, `strata::prompt_attention`, the fused ops).
 Each arm is profiled over `--rounds` fresh prompts under `torch.profiler` (CPU), alternating;
 the table lists ms per prompt for the heaviest ops by self CPU time and the wall time; the
 JSON (benchmarks/results/prefill_profile.json, or under --out) has every op. `--quick`: a 32-token prompt, one round, one pass.
@@ -69,15 +72,38 @@ def main() -> None:
 
     PackedWeight.mm = labelled
 
-    def make_engine() -> Engine:
-        return Engine(EngineConfig(dtype="bfloat16", weights="auto", max_context=args.prompt + 64, batch=0,
-                                   prefill_chunk=args.prompt, threads=args.threads, spec="off"), progress=False)
+    class Labelled:  # the extension's ops, each call under a profiler label
+        def __init__(self, ops):
+            self.ops = ops
+
+        def __getattr__(self, name):
+            return label(f"strata::{name}", getattr(self.ops, name))
+
+    def label(name, fn):
+        def call(*a, **k):
+            with torch.profiler.record_function(name):
+                return fn(*a, **k)
+        return call
+
+    def make_engine(**env: str) -> Engine:
+        os.environ.update(env)
+        try:
+            e = Engine(EngineConfig(dtype="bfloat16", weights="auto", max_context=args.prompt + 64, batch=0,
+                                    prefill_chunk=args.prompt, threads=args.threads, spec="off"), progress=False)
+        finally:
+            for k in env:
+                del os.environ[k]
+        model, lanes = e._model, e._runner.lanes
+        if model.ops is not None:
+            model.ops = Labelled(model.ops)
+        if lanes.prompt_kernel is not None:
+            lanes.prompt_kernel = label("strata::prompt_attention", lanes.prompt_kernel)
+        return e
 
     engines = {"strata": make_engine()}
-    if amx_gemm() is not None:  # the same engine with oneDNN's GEMMs for its dense weights, side by side
-        os.environ["STRATA_DENSE_GEMM"] = "onednn"
-        engines["strata onednn"] = make_engine()
-        del os.environ["STRATA_DENSE_GEMM"]
+    if amx_gemm() is not None:  # the same engine with SDPA, and with oneDNN's GEMMs too, side by side
+        engines["strata sdpa"] = make_engine(STRATA_PROMPT_ATTENTION="sdpa")
+        engines["strata onednn"] = make_engine(STRATA_PROMPT_ATTENTION="sdpa", STRATA_DENSE_GEMM="onednn")
     engine = engines["strata"]
     path = default_model_path()
     hf = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),

@@ -32,6 +32,8 @@ HEAD_KERNEL_ENV = "STRATA_HEAD_KERNEL"
 HEAD_KERNELS = ("auto", "int8", "quant", "x8")  # how --weights auto reads the LM head at bfloat16 decode rows (models/head.py)
 DENSE_GEMM_ENV = "STRATA_DENSE_GEMM"
 DENSE_GEMMS = ("auto", "amx", "onednn")  # which GEMM reads packed bfloat16 weights on the CPU (models/packed.py)
+PROMPT_ATTENTION_ENV = "STRATA_PROMPT_ATTENTION"
+PROMPT_ATTENTIONS = ("auto", "amx", "sdpa")  # what reads a long bfloat16 prompt piece's cells (runner/inputs.py)
 ATTENTION_ISA_ENV = "STRATA_ATTENTION_ISA"
 ATTENTION_ISAS = ("auto", "avx2", "avx512", "avx512_bf16")  # the fused decode attention's variants (strata/csrc/attention_*.cpp)
 DEFAULT_SPEC_K = 3  # up to 4 rows a verify step; the adaptive count (drafting/adaptive.py) proposes fewer where they do not pay
@@ -196,6 +198,14 @@ def dense_gemm_from_env(environ: Mapping[str, str] | None = None) -> str:
     else oneDNN's; `onednn`: oneDNN's everywhere; `amx`: strata's (an error where it cannot
     run); anything else is an error."""
     return choice_from_env(DENSE_GEMM_ENV, DENSE_GEMMS, environ)
+
+
+def prompt_attention_from_env(environ: Mapping[str, str] | None = None) -> str:
+    """`$STRATA_PROMPT_ATTENTION`: what reads a bfloat16 prompt piece too long for the decode
+    kernel (runner/inputs.py). Unset, empty or `auto`: strata's AMX kernel where the CPU has
+    AMX-BF16, else SDPA; `sdpa`: SDPA everywhere; `amx`: strata's (an error where it cannot
+    run); anything else is an error."""
+    return choice_from_env(PROMPT_ATTENTION_ENV, PROMPT_ATTENTIONS, environ)
 
 
 def head_kernel_from_env(environ: Mapping[str, str] | None = None) -> str:

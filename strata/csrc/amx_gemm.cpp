@@ -25,6 +25,7 @@
 #include <cstring>
 #include <vector>
 
+#include "amx.h"
 #include "decode_ops.h"
 
 namespace strata {
@@ -34,15 +35,6 @@ constexpr int64_t kRows = 32;  // rows a block: two A tiles of 16
 constexpr int64_t kCols = 32;  // output columns a block: two B tiles of 16
 constexpr int64_t kDepth = 32;  // bfloat16 values a tile row holds (64 bytes)
 constexpr int64_t kChunkCols = 256;  // output columns whose weights a thread keeps in L2 at a time
-
-// The layout _tile_loadconfig reads (palette 1): 64 bytes.
-struct TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
 
 bool cpu_has_amx_bf16() {
   unsigned a, b, c, d;
@@ -126,12 +118,6 @@ void linear_columns(const uint16_t* x, const uint16_t* tail, int64_t rows, int64
 
 #pragma GCC pop_options
 
-bool amx_permitted() {
-  // Linux hands a process the AMX tile state only on request (ARCH_REQ_XCOMP_PERM, XTILEDATA).
-  static const bool ok = cpu_has_amx_bf16() && syscall(SYS_arch_prctl, 0x1023, 18) == 0;
-  return ok;
-}
-
 void check_packed(const torch::Tensor& p) {
   TORCH_CHECK(p.scalar_type() == at::kShort && p.dim() == 4 && p.size(2) == 16 && p.size(3) == kDepth &&
                   p.size(0) % 2 == 0 && p.is_contiguous() && p.device().is_cpu(),
@@ -139,6 +125,12 @@ void check_packed(const torch::Tensor& p) {
 }
 
 }  // namespace
+
+bool amx_permitted() {
+  // Linux hands a process the AMX tile state only on request (ARCH_REQ_XCOMP_PERM, XTILEDATA).
+  static const bool ok = cpu_has_amx_bf16() && syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+  return ok;
+}
 
 bool amx_available() { return amx_permitted(); }
 

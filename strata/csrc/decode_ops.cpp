@@ -226,6 +226,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_mul", &strata::silu_mul, strata::NoGil());
   strata::bind_decode_layer(m);
   strata::bind_amx(m);
+  strata::bind_amx_attention(m);
   m.def("decode_attention", &strata::decode_attention, strata::NoGil(), py::arg("q"), py::arg("k_cache"), py::arg("v_cache"),
         py::arg("spans"), py::arg("row_spans"), py::arg("scale"), py::arg("k_more") = py::none(),
         py::arg("v_more") = py::none());

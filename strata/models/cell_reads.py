@@ -9,7 +9,9 @@ Decode rows (one new token per lane):
 - `DecodeSpans`: every decoding lane at once, each over its runs of storage in place,
   through the fused CPU kernel (strata/csrc/decode_attention.cpp).
 Prefill pieces (a lane's new tokens, each attending to the cells up to its own):
-- `PrefillContiguous`, `PrefillGather`, `PrefillRuns`: the same three ways.
+- `PrefillContiguous`, `PrefillGather`, `PrefillRuns`: the same three ways;
+- `PrefillSpans`: one piece over its runs of storage in place, through the AMX prompt kernel
+  (strata/csrc/amx_attention.cpp).
 
 Each type's `attend(q, k_cache, v_cache)` takes its own rows' rotated queries [rows,
 heads, dim] and returns [rows, heads, dim]; a cache is one layer's `Cells` (cells/protocol.py),
@@ -287,5 +289,26 @@ class PrefillRuns:
         return _moved(self, device)
 
 
+@dataclass(frozen=True)
+class PrefillSpans:
+    """The piece's cells are `spans` (first flat cell, cells), in position order: any layout,
+    read in place by the prompt kernel (cells stored in the compute dtype, one storage: the
+    runner uses this read only then)."""
+
+    kind: ClassVar[str] = "prefill-spans"
+    row_start: int
+    row_end: int
+    spans: torch.Tensor  # [runs, 2] long
+    kernel: Callable  # the fused ops' prompt_attention(q, k, v, spans, scale)
+
+    def attend(self, q: torch.Tensor, k_cache: Cache, v_cache: Cache) -> torch.Tensor:
+        k, v = k_cache.kernel_reads(q.dtype), v_cache.kernel_reads(q.dtype)
+        assert k is not None and v is not None and len(k) == len(v) == 1, "prompt kernel reads: one storage, compute dtype"
+        return self.kernel(q, k[0], v[0], self.spans, q.shape[-1] ** -0.5)
+
+    def to(self, device: torch.device) -> PrefillSpans:
+        return self  # CPU only
+
+
 DecodeRead = DecodeContiguous | DecodeStrided | DecodeGather | DecodeRuns | DecodeSpans
-PrefillRead = PrefillContiguous | PrefillGather | PrefillRuns
+PrefillRead = PrefillContiguous | PrefillGather | PrefillRuns | PrefillSpans

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 import torch.nn.functional as F
 
+from strata.config import PROMPT_ATTENTION_ENV, prompt_attention_from_env
+from strata.errors import ConfigError
 from strata.models.attention import AttentionMeta, attend, attend_written
 from strata.models.config import ModelConfig
 from strata.models.fused import load_decode_ops
@@ -234,6 +236,21 @@ class LlamaModel:
         if cfg.head_dim % 16 or cfg.head_dim > 256 or cfg.num_heads // cfg.num_kv_heads > 16:
             return None
         return getattr(self.ops, "decode_attention", None)
+
+    def prompt_attention_kernel(self, kv_dtype: torch.dtype) -> Callable | None:
+        """The AMX prompt attention (`PrefillSpans`) where it applies and `$STRATA_PROMPT_ATTENTION`
+        allows it: the decode kernel's conditions, bfloat16, a head dim that is a multiple of 32,
+        a CPU with AMX-BF16 whose tiles Linux grants. Else None: SDPA (and an error for `amx`)."""
+        choice = prompt_attention_from_env()
+        if choice == "sdpa":
+            return None
+        ok = (self.dtype == torch.bfloat16 and self.cfg.head_dim % 32 == 0
+              and self.decode_attention_kernel(kv_dtype) is not None
+              and hasattr(self.ops, "prompt_attention") and self.ops.amx_available())
+        if not ok and choice == "amx":
+            raise ConfigError(f"${PROMPT_ATTENTION_ENV}=amx: needs bfloat16 compute and K/V, a head dim that is a "
+                              "multiple of 32, and a CPU with AMX-BF16 (and this build of strata's extension)")
+        return self.ops.prompt_attention if ok else None
 
     def __getstate__(self) -> dict:
         """Pickled as weights only (see loader/prepared.py): `prepare_runtime` remakes the rest."""

@@ -27,6 +27,7 @@ class LaneForward:
         is_cpu = all(d.type == "cpu" for d in model.devices)
         self.cells = ChunkCells(kv.chunk_size, kv.num_chunks * kv.chunk_size if is_cpu else None)
         self.max_row_cells = spans_max_row_cells(model.dtype)  # prompt pieces the decode kernel reads
+        self.prompt_kernel = model.prompt_attention_kernel(kv.dtype)  # and the others, where not SDPA
 
     def inputs(self, work: Sequence[LaneWork], fused_decode: bool = True) -> StepInputs:
         """`work`'s batched inputs; `fused_decode`: decode rows through the fused kernel where the
@@ -35,7 +36,8 @@ class LaneForward:
         if self.kv.groups:  # each windowed group read through its own table (kv/groups.py)
             return build_inputs(work, self.cells, kernel, self.kv.windows, grouped=True,
                                 max_row_cells=self.max_row_cells)
-        return build_inputs(work, self.cells, kernel, self.model.cfg.windows, max_row_cells=self.max_row_cells)
+        return build_inputs(work, self.cells, kernel, self.model.cfg.windows, max_row_cells=self.max_row_cells,
+                            prompt_kernel=self.prompt_kernel if fused_decode else None)
 
     def logits(self, inputs: StepInputs, logits_rows: torch.Tensor, kv=None, metas=None) -> torch.Tensor:
         """Float32 logits [rows, vocab] of `inputs`; `kv` and `metas`: another view of the cells

@@ -20,6 +20,7 @@ from strata.models.cell_reads import (
     PrefillContiguous,
     PrefillGather,
     PrefillRuns,
+    PrefillSpans,
 )
 from strata.runner.reads import ChunkCells, chunk_runs, contiguous, runs_of, split_for_rows, strided_slots
 from strata.models.packed import cpu_amx
@@ -173,13 +174,15 @@ def _fused_rows(w: LaneWork) -> bool:
 
 def build_inputs(work: Sequence[LaneWork], cells: ChunkCells, decode_kernel: Callable | None = None,
                  windows: Sequence[int] = (), grouped: bool = False,
-                 max_row_cells: int | None = None) -> StepInputs:
+                 max_row_cells: int | None = None, prompt_kernel: Callable | None = None) -> StepInputs:
     """`decode_kernel`: the fused decode attention where the model and K/V allow it (runner);
     then every decoding lane is read through it (`DecodeSpans`), else by the groups above.
     `windows`: the model's distinct sliding windows, each given its own addressing; `grouped`:
     each is a layer group with its own storage, read through the lanes' `window_ids`.
     `max_row_cells`: the rows x cells bound on a prompt piece the decode kernel reads
-    (`spans_max_row_cells`; None: SPANS_MAX_PROMPT_ROWS alone)."""
+    (`spans_max_row_cells`; None: SPANS_MAX_PROMPT_ROWS alone). `prompt_kernel`: the AMX prompt
+    attention (llama.py `prompt_attention_kernel`), which then reads every other prompt piece
+    over its runs of chunks in place (`PrefillSpans`; its sampling row still read alone)."""
     chunk_size = cells.chunk_size
     # Windowed layers cut their reads per lane (windows.py), one row per decoding lane: a verify
     # step's rows are pieces there.
@@ -217,6 +220,11 @@ def build_inputs(work: Sequence[LaneWork], cells: ChunkCells, decode_kernel: Cal
             if n == 1:  # the sampling row alone: no piece read
                 row += n
                 continue
+        if prompt_kernel is not None and w.prompt and not windows:
+            spans = [(r.start, r.stop - r.start) for r in chunk_runs(w.chunk_ids, w.num_cells, chunk_size)]
+            prefills.append(PrefillSpans(row, row + n, torch.tensor(spans, dtype=torch.long), prompt_kernel))
+            row += n
+            continue
         cell_slice = contiguous(w.chunk_ids, w.num_cells, chunk_size)
         runs = None if cell_slice is not None else runs_of(w, cells)
         if cell_slice is not None and n <= VERIFY_MAX_ROWS < w.num_cells:
