@@ -23,8 +23,9 @@ answers the same, every token:
 - it attends as one query over all its cells, summed in position order whatever the lane's
   layout, not within its piece's causal attention (SDPA's blocks depend on the piece's rows):
   with the fused decode kernel every row of a piece it reads reads so (runner/inputs.py
-  `spans_read_piece`: up to SPANS_MAX_PROMPT_ROWS rows, fewer rows x cells where SDPA runs on AMX;
-  `_spans_read`), else the sampling row is read again alone
+  `spans_read_piece`: up to SPANS_MAX_PROMPT_ROWS rows, fewer rows x cells where SDPA runs on AMX,
+  up to SPANS_MAX_ROWS_BESIDE_PROMPT_KERNEL rows where strata's AMX prompt attention reads the
+  longer pieces; `_spans_read`), else the sampling row is read again alone
   (`_sample_read`, models/attention.py `AttentionMeta.samples`);
 - the norms (models/layers.py), the rotation and K/V write, and the MLP's activation compute
   each row by itself, by one kernel at any row count (the fused norm and torch's round

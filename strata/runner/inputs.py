@@ -51,6 +51,10 @@ SPANS_MAX_PROMPT_ROWS = 1024
 # 48-row piece over ~300 cells beside 7 decoding lanes from 48 to 44 ms a step (2 threads,
 # a Sapphire Rapids-class guest); below it the decode kernel still won by 1-2 ms.
 SPANS_MAX_ROW_CELLS_AMX = 8192
+# Where strata's AMX prompt attention reads pieces (`prompt_kernel`), the decode kernel keeps only
+# pieces of at most this many rows: the prompt kernel was the faster from 16 rows at every length
+# tried (64-1,024 cells), the decode kernel at 8 (docs/benchmarks.md, "Prompt attention on AMX tiles").
+SPANS_MAX_ROWS_BESIDE_PROMPT_KERNEL = 12
 
 
 def spans_max_row_cells(dtype: torch.dtype) -> int | None:
@@ -181,8 +185,9 @@ def build_inputs(work: Sequence[LaneWork], cells: ChunkCells, decode_kernel: Cal
     each is a layer group with its own storage, read through the lanes' `window_ids`.
     `max_row_cells`: the rows x cells bound on a prompt piece the decode kernel reads
     (`spans_max_row_cells`; None: SPANS_MAX_PROMPT_ROWS alone). `prompt_kernel`: the AMX prompt
-    attention (llama.py `prompt_attention_kernel`), which then reads every other prompt piece
-    over its runs of chunks in place (`PrefillSpans`; its sampling row still read alone)."""
+    attention (llama.py `prompt_attention_kernel`), which then reads every prompt piece of more
+    than SPANS_MAX_ROWS_BESIDE_PROMPT_KERNEL rows (in place of that bound) over its runs of
+    chunks in place (`PrefillSpans`; its sampling row still read alone)."""
     chunk_size = cells.chunk_size
     # Windowed layers cut their reads per lane (windows.py), one row per decoding lane: a verify
     # step's rows are pieces there.
@@ -209,7 +214,9 @@ def build_inputs(work: Sequence[LaneWork], cells: ChunkCells, decode_kernel: Cal
     row = sum(len(w.token_ids) for w in decode)
     for w in prefill:
         n = len(w.token_ids)
-        if fused and w.prompt and spans_read_piece(n, w.num_cells, max_row_cells):
+        few = (n <= SPANS_MAX_ROWS_BESIDE_PROMPT_KERNEL if prompt_kernel is not None
+               else spans_read_piece(n, w.num_cells, max_row_cells))
+        if fused and w.prompt and few:
             # Every row of the piece as one query over its cells, as a decoding lane's: so its
             # sampling row is read as a retry's one-row piece would be (no separate sample read).
             pieces.append(_spans_read([w], row, chunk_size, decode_kernel))

@@ -20,7 +20,7 @@ from strata.config import PROMPT_ATTENTION_ENV
 from strata.errors import ConfigError
 from strata.models.cell_reads import PrefillSpans
 from strata.models.fused import load_decode_ops
-from strata.runner.inputs import build_inputs
+from strata.runner.inputs import SPANS_MAX_ROWS_BESIDE_PROMPT_KERNEL, build_inputs
 from strata.runner.reads import ChunkCells
 from strata.step import LaneWork
 
@@ -114,26 +114,32 @@ def test_the_op_refuses_what_it_cannot_read():
 
 @needs_amx
 def test_a_prompt_piece_is_read_through_its_spans_and_attends_as_the_kernel_says():
-    """build_inputs with the prompt kernel: a piece over chunks 3, 4 and 9 (runs [12, 20) and
-    [36, 40)) reads those spans; its sampling row is still read alone (decode kernel); a lane
-    that decodes is not a prompt piece. Through `PrefillSpans` the rows attend as the kernel
+    """build_inputs with the prompt kernel: a piece over chunks 3, 4, 9, 10 and 2 (runs [12, 20),
+    [36, 44) and [8, 12)) reads those spans; its sampling row is still read alone (decode kernel); a piece
+    of few rows stays on the decode kernel. Through `PrefillSpans` the rows attend as the kernel
     over the cells copied out in position order."""
     c = 4
-    piece = LaneWork(0, "r0", tuple(range(40, 52)), 0, (3, 4, 9), True, prompt=True)
+    piece = LaneWork(0, "r0", tuple(range(40, 60)), 0, (3, 4, 9, 10, 2), True, prompt=True)
     inp = build_inputs([piece], ChunkCells(c, 64), OPS.decode_attention, max_row_cells=1,
                        prompt_kernel=OPS.prompt_attention)
     (p,) = inp.meta.prefills
-    assert isinstance(p, PrefillSpans) and (p.row_start, p.row_end) == (0, 12)
-    assert p.spans.tolist() == [[12, 8], [36, 4]]
+    assert isinstance(p, PrefillSpans) and (p.row_start, p.row_end) == (0, 20)
+    assert p.spans.tolist() == [[12, 8], [36, 8], [8, 4]]
     (s,) = inp.meta.samples
-    assert (s.row_start, s.num_rows) == (11, 1)
+    assert (s.row_start, s.num_rows) == (19, 1)
+    # with the prompt kernel, pieces of few rows stay on the decode kernel, whatever their cells
+    few = LaneWork(0, "r0", tuple(range(SPANS_MAX_ROWS_BESIDE_PROMPT_KERNEL)), 28, tuple(range(10)), True, prompt=True)
+    small = build_inputs([few], ChunkCells(c, 64), OPS.decode_attention, max_row_cells=1,
+                         prompt_kernel=OPS.prompt_attention)
+    assert small.meta.prefills == () and small.meta.samples == ()
+    assert [(d.row_start, d.num_rows) for d in small.meta.decode] == [(0, SPANS_MAX_ROWS_BESIDE_PROMPT_KERNEL)]
     g = torch.Generator().manual_seed(2)
     k = DenseCells(torch.randn(1, 64, 64, generator=g).bfloat16())
     v = DenseCells(torch.randn(1, 64, 64, generator=g).bfloat16())
-    q = torch.randn(12, 3, 64, generator=g).bfloat16()
-    cells = torch.cat([torch.arange(12, 20), torch.arange(36, 40)])
+    q = torch.randn(20, 3, 64, generator=g).bfloat16()
+    cells = torch.cat([torch.arange(12, 20), torch.arange(36, 44), torch.arange(8, 12)])
     want = OPS.prompt_attention(q, k.data[:, cells].contiguous(), v.data[:, cells].contiguous(),
-                                torch.tensor([[0, 12]]), 0.125)
+                                torch.tensor([[0, 20]]), 0.125)
     assert torch.equal(p.attend(q, k, v), want)
 
 
