@@ -30,6 +30,7 @@ QUICK = {
     "head_quality": ([], ["head_quality-first2.json"], []),
     "kv_quality": ([], ["kv_quality-int8-vs-bf16-first2.json"], []),
     "prefill_profile": ([], ["prefill_profile.json"], []),
+    "prompt_attention": ([], ["prompt_attention.json", "prompt_attention.png"], ["x SDPA"]),
     "prompt_quant_quality": ([], ["prompt_quant_quality-first2.json", "prompt_quant_quality-first2.png"], []),
     "step_profile": ([], ["step_profile.json", "step_profile.png"], []),
     "session": ([], ["session.json", "session.png"], ["llama-server:"]),
