@@ -110,6 +110,36 @@ def interleaved(arms: Sequence[str], rounds: int, run: Callable[[str], dict]) ->
     return results
 
 
+def engine_with_env(config, **env: str):
+    """An in-process strata Engine built while the environment holds `env` (the kernel choices
+    read at build: STRATA_DENSE_GEMM, STRATA_PROMPT_ATTENTION, ...), restored after."""
+    from strata.engine.engine import Engine
+
+    before = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return Engine(config, progress=False)
+    finally:
+        for k, v in before.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
+
+
+def cold_prompt_ms(engine, ids: Sequence[int]) -> float:
+    """ms for `engine` to read `ids` and sample one token; its cache is cleared after, so the
+    next prompt shares no prefix."""
+    from strata.sampling import SamplingParams
+
+    t = time.perf_counter()
+    engine.submit(list(ids), SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
+    engine.run_until_done()
+    ms = (time.perf_counter() - t) * 1e3
+    engine._scheduler.clear_cache()
+    return ms
+
+
 def medians(rows: list[dict]) -> dict[str, float]:
     keys = [k for k, v in rows[0].items() if isinstance(v, (int, float))]
     return {k: statistics.median(r[k] for r in rows) for k in keys}

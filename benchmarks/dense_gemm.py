@@ -33,7 +33,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import add_quick_and_out, cpu_name, print_table, pyplot, write_json
+from benchmarks.common import (add_quick_and_out, cold_prompt_ms, cpu_name, engine_with_env, print_table, pyplot,
+                               write_json)
 from benchmarks.decode import prompt_ids
 from benchmarks.quant_kernels import LAYER
 
@@ -80,31 +81,24 @@ def gemm_arms(amx) -> dict[str, dict]:
 def engine_prefill(args, amx) -> dict:
     """{"<gemm> / <piece>": {"ms": median prompt ms, "warm_s": warm-up s}} for each arm and piece."""
     from strata.config import EngineConfig
-    from strata.engine.engine import Engine
-    from strata.sampling import SamplingParams
 
-    params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
     gemms = ["onednn"] + (["amx"] if amx is not None else [])
     out = {}
     for piece in args.pieces:
         engines = {}
         for gemm in gemms:
-            os.environ["STRATA_DENSE_GEMM"] = gemm
-            e = Engine(EngineConfig(dtype="bfloat16", weights="auto", max_context=args.prompt + 64, batch=0,
-                                    prefill_chunk=piece, threads=args.threads, spec="off"), progress=False)
-            del os.environ["STRATA_DENSE_GEMM"]
+            e = engine_with_env(EngineConfig(dtype="bfloat16", weights="auto", max_context=args.prompt + 64, batch=0,
+                                             prefill_chunk=piece, threads=args.threads, spec="off"),
+                                STRATA_DENSE_GEMM=gemm)
             t = time.perf_counter()
             e.warm_up()
             engines[gemm] = (e, time.perf_counter() - t)
         times = {g: [] for g in gemms}
         for r in range(args.rounds + 1):  # the first round warms the caches and is dropped
             for gemm, (e, _) in engines.items():
-                t = time.perf_counter()
-                e.submit(prompt_ids(e.tokenizer, args.prompt, 300 + r), params)
-                e.run_until_done()
-                e._scheduler.clear_cache()  # the next prompt shares no prefix
+                ms = cold_prompt_ms(e, prompt_ids(e.tokenizer, args.prompt, 300 + r))
                 if r:
-                    times[gemm].append((time.perf_counter() - t) * 1e3)
+                    times[gemm].append(ms)
         for gemm, (_, warm) in engines.items():
             out[f"{gemm} / {piece}"] = {"gemm": gemm, "piece": piece, "ms": statistics.median(times[gemm]),
                                        "warm_s": warm}

@@ -24,7 +24,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import add_quick_and_out, cpu_name, print_table, write_json
+from benchmarks.common import add_quick_and_out, cold_prompt_ms, cpu_name, engine_with_env, print_table, write_json
 from benchmarks.decode import prompt_ids
 
 TOP = 10
@@ -57,7 +57,6 @@ def main() -> None:
     from strata.config import EngineConfig
     from strata.engine.engine import Engine
     from strata.loader.default import default_model_path
-    from strata.sampling import SamplingParams
 
     torch.set_num_threads(args.threads)
     from strata.models.packed import PackedWeight, amx_gemm
@@ -86,13 +85,8 @@ def main() -> None:
         return call
 
     def make_engine(**env: str) -> Engine:
-        os.environ.update(env)
-        try:
-            e = Engine(EngineConfig(dtype="bfloat16", weights="auto", max_context=args.prompt + 64, batch=0,
-                                    prefill_chunk=args.prompt, threads=args.threads, spec="off"), progress=False)
-        finally:
-            for k in env:
-                del os.environ[k]
+        e = engine_with_env(EngineConfig(dtype="bfloat16", weights="auto", max_context=args.prompt + 64, batch=0,
+                                         prefill_chunk=args.prompt, threads=args.threads, spec="off"), **env)
         model, lanes = e._model, e._runner.lanes
         if model.ops is not None:
             model.ops = Labelled(model.ops)
@@ -108,13 +102,10 @@ def main() -> None:
     path = default_model_path()
     hf = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
                                               dtype=torch.bfloat16).eval()
-    params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
 
     def strata_arm(e: Engine):
         def run(i: int) -> None:
-            e.submit(prompt_ids(e.tokenizer, args.prompt, 100 + i), params)
-            e.run_until_done()
-            e._scheduler.clear_cache()  # the next prompt shares no prefix
+            cold_prompt_ms(e, prompt_ids(e.tokenizer, args.prompt, 100 + i))
         return run
 
     def hf_prompt(i: int) -> None:

@@ -31,7 +31,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import add_quick_and_out, cpu_name, print_table, pyplot, write_json
+from benchmarks.common import (add_quick_and_out, cold_prompt_ms, cpu_name, engine_with_env, print_table, pyplot,
+                               write_json)
 from benchmarks.decode import prompt_ids
 
 HEADS, KV_HEADS, DIM = 9, 3, 64  # the default model's attention
@@ -71,28 +72,16 @@ def arms(ops, rows: int, cells: int, k: torch.Tensor, v: torch.Tensor) -> dict:
 def engine_prefill(args, amx: bool) -> dict:
     """{choice: median ms of a --prompt-token prompt in one piece} for the AMX attention and SDPA."""
     from strata.config import EngineConfig
-    from strata.engine.engine import Engine
-    from strata.sampling import SamplingParams
 
-    params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
-    engines = {}
-    for choice in ["sdpa"] + (["amx"] if amx else []):
-        os.environ["STRATA_PROMPT_ATTENTION"] = choice
-        try:
-            engines[choice] = Engine(EngineConfig(dtype="bfloat16", weights="auto", max_context=args.prompt + 64,
-                                                  batch=0, prefill_chunk=args.prompt, threads=args.threads,
-                                                  spec="off"), progress=False)
-        finally:
-            del os.environ["STRATA_PROMPT_ATTENTION"]
+    config = EngineConfig(dtype="bfloat16", weights="auto", max_context=args.prompt + 64, batch=0,
+                          prefill_chunk=args.prompt, threads=args.threads, spec="off")
+    engines = {c: engine_with_env(config, STRATA_PROMPT_ATTENTION=c) for c in ["sdpa"] + (["amx"] if amx else [])}
     times = {c: [] for c in engines}
     for r in range(args.rounds + 1):  # the first round warms the caches and is dropped
         for choice, e in engines.items():
-            t = time.perf_counter()
-            e.submit(prompt_ids(e.tokenizer, args.prompt, 400 + r), params)
-            e.run_until_done()
-            e._scheduler.clear_cache()  # the next prompt shares no prefix
+            ms = cold_prompt_ms(e, prompt_ids(e.tokenizer, args.prompt, 400 + r))
             if r:
-                times[choice].append((time.perf_counter() - t) * 1e3)
+                times[choice].append(ms)
     return {c: statistics.median(t) for c, t in times.items()}
 
 
