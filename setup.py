@@ -25,7 +25,7 @@ else:
                                  "strata/csrc/quant_vnni.cpp", "strata/csrc/attention_avx2.cpp",
                                  "strata/csrc/attention_avx512.cpp", "strata/csrc/attention_avx512bf16.cpp",
                                  "strata/csrc/amx_gemm.cpp", "strata/csrc/amx_attention.cpp",
-                                 "strata/csrc/activation_avx512.cpp"],
+                                 "strata/csrc/activation_avx512.cpp", "strata/csrc/copy_cells.cpp"],
                                 extra_compile_args=["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"],
                                 extra_link_args=["-fopenmp"], optional=True)]
     cmdclass = {"build_ext": BuildExtension.with_options(use_ninja=False)}

@@ -30,7 +30,7 @@ written (through the ring) before it is read, as no page is shared past a reader
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -59,8 +59,10 @@ class RingGroup:
 
 class KVRing:
     def __init__(self, host: KVStorage, sizing: RingSizing, policy: str, budget_cells: int,
-                 layer_devices: Sequence[torch.device], group: RingGroup | None = None):
-        """`group`: the layer group this ring serves (cells/ring_groups.py); None: every layer."""
+                 layer_devices: Sequence[torch.device], group: RingGroup | None = None,
+                 copy_cells: Callable | None = None):
+        """`group`: the layer group this ring serves (cells/ring_groups.py); None: every layer.
+        `copy_cells`: the extension's page copy (csrc/copy_cells.cpp; CPU only), or None."""
         if host.chunk_size % sizing.page:
             raise ValueError(f"--kv-page {sizing.page} must divide --kv-chunk {host.chunk_size}")
         self.host = host
@@ -78,6 +80,7 @@ class KVRing:
         self.rank = {layer: r for r, layer in enumerate(self.layers)}  # its layers in order (staging turns)
         self._make_arena()
         self.is_accelerated = any(d.type != "cpu" for d in self.devices)
+        self.copy_cells = None if self.is_accelerated else copy_cells
         num_buffers = 2 if self.is_accelerated else 1
         self.staging: dict[torch.device, list[tuple[Cells, Cells] | None]] = {d: [None] * num_buffers
                                                                               for d in self.devices}

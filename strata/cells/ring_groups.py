@@ -18,7 +18,7 @@ read the lanes' tables.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import torch
 
@@ -54,18 +54,20 @@ class GroupedRing:
 
     def __init__(self, host: KVStorage, sizing: RingSizing, policy: str, budget_cells: int,
                  layer_devices: Sequence[torch.device], groups: Sequence[LayerGroup], num_lanes: int,
-                 step_cells: int):
+                 step_cells: int, copy_cells: Callable | None = None):
         """`groups`: the layer groups whose storage `host` holds (one: every layer); `step_cells`:
-        the most cells a lane writes in a step (a windowed lane reads its window and those)."""
+        the most cells a lane writes in a step (a windowed lane reads its window and those);
+        `copy_cells`: the extension's page copy for every ring (KVRing)."""
         groups = tuple(groups) or (LayerGroup(None, tuple(range(host.num_layers))),)
-        self.full = KVRing(host, sizing, policy, budget_cells, layer_devices, RingGroup(0, groups[0].layers))
+        self.full = KVRing(host, sizing, policy, budget_cells, layer_devices, RingGroup(0, groups[0].layers),
+                           copy_cells)
         self.window_cells: list[int] = []  # per windowed group: the ring that holds a lane's window and step
         self.rings = [self.full]
         for g, group in enumerate(groups[1:], start=1):
             cells = min(sizing.cap_cells, window_ring_cells(group.window, step_cells, sizing.page))
             self.window_cells.append(cells)
             self.rings.append(KVRing(host, sizing, "clock", min(budget_cells, num_lanes * cells), layer_devices,
-                                     RingGroup(g, group.layers, group.window)))
+                                     RingGroup(g, group.layers, group.window), copy_cells))
         self.layer_group = host.layer_group
 
     # ---- what the engine and tests ask of "the ring" (the full group's sizing and budget) ---------------

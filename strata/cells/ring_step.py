@@ -62,6 +62,9 @@ class RingStep:
         split = StepWrites.split(writes, pages.num_arena_cells)
         self._writes = {d: split if d.type == "cpu" else split.to(d) for d in ring.devices}
         self.plan = plan
+        copier = ring.copy_cells  # one extension call per layer and copy kind; None: torch's copy_ per run
+        self._runs = {kind: torch.tensor(runs, dtype=torch.long).view(-1, 3) if copier and runs else None
+                      for kind, runs in (("admit", admit), ("stage", stage))}
         self.writeback: list | None = [] if ring.is_accelerated else None
         self._ready: dict[int, object] = {}  # layer -> the copy stream's event (accelerators)
         self._stream = None
@@ -73,12 +76,20 @@ class RingStep:
     def _issue(self, i: int, non_blocking: bool) -> None:
         r = self.ring  # nothing admitted or staged: everything read is resident already
         if self.admit:
-            _copy(r.arena_k[i], r.host.k[i], self.admit, non_blocking)
-            _copy(r.arena_v[i], r.host.v[i], self.admit, non_blocking)
+            self._copy_pair(r.arena_k[i], r.arena_v[i], i, self.admit, self._runs["admit"], non_blocking)
         if self.stage:
             k_stage, v_stage = self._buffer(i)
-            _copy(k_stage, r.host.k[i], self.stage, non_blocking)
-            _copy(v_stage, r.host.v[i], self.stage, non_blocking)
+            self._copy_pair(k_stage, v_stage, i, self.stage, self._runs["stage"], non_blocking)
+
+    def _copy_pair(self, k_dst: Cells, v_dst: Cells, i: int, runs: Sequence[tuple[int, int, int]],
+                   runs_tensor: torch.Tensor | None, non_blocking: bool) -> None:
+        """Layer i's K and V `runs` from the pool into `k_dst`, `v_dst`."""
+        r = self.ring
+        if runs_tensor is not None:
+            r.copy_cells([*k_dst.parts, *v_dst.parts], [*r.host.k[i].parts, *r.host.v[i].parts], runs_tensor)
+            return
+        _copy(k_dst, r.host.k[i], runs, non_blocking)
+        _copy(v_dst, r.host.v[i], runs, non_blocking)
 
     def layer_caches(self, i: int) -> tuple[RingCells, RingCells]:
         r = self.ring

@@ -14,6 +14,7 @@
 //   DecodeLayer: a decoder layer's decode step from these ops in one call (decode_layer.cpp)
 //   decode_attention(q, k_cache, v_cache, spans, row_spans, scale, k_more=None, v_more=None)
 //       (decode_attention.cpp; k_more/v_more: a second storage past the first's cells)
+//   copy_cells(dsts, srcs, runs)          the ring's page copies in one call (copy_cells.cpp)
 //   attention_isa, attention_isas, set_attention_isa: its instruction set (AVX-512 or AVX2)
 //   QuantLinear, Quant4x8Linear, quant_matmul, quant_dequant_rows, quant_isa, quant_isas, set_quant_isa:
 //       quantized GGUF weights read in place (quant_ops.cpp)
@@ -227,6 +228,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   strata::bind_decode_layer(m);
   strata::bind_amx(m);
   strata::bind_amx_attention(m);
+  strata::bind_copy_cells(m);
   m.def("decode_attention", &strata::decode_attention, strata::NoGil(), py::arg("q"), py::arg("k_cache"), py::arg("v_cache"),
         py::arg("spans"), py::arg("row_spans"), py::arg("scale"), py::arg("k_more") = py::none(),
         py::arg("v_more") = py::none());

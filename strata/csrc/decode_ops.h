@@ -28,5 +28,6 @@ void set_attention_isa(const std::string& name);
 void bind_decode_layer(pybind11::module_& m);
 void bind_amx(pybind11::module_& m);  // amx_gemm.cpp
 void bind_amx_attention(pybind11::module_& m);  // amx_attention.cpp
+void bind_copy_cells(pybind11::module_& m);  // copy_cells.cpp
 
 }  // namespace strata

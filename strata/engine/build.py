@@ -185,7 +185,7 @@ def build_parts(config: EngineConfig, source: ModelSource | None, progress: bool
                    group_chunks=(pool.num_total, *(p.num_total for p in layout.window_pools)))
     if on_host:
         ring = GroupedRing(kv, config.ring_sizing, config.kv_evict, config.ring_budget, model.layer_devices,
-                           groups, config.num_lanes, step_cells(config))
+                           groups, config.num_lanes, step_cells(config), model.cell_copier())
     if len(groups) > 1:
         groups_log.info("KV layer groups: %s", describe_groups(
             groups, [p.num_total for p in (pool, *layout.window_pools)], pool.chunk_size,

@@ -237,6 +237,11 @@ class LlamaModel:
             return None
         return getattr(self.ops, "decode_attention", None)
 
+    def cell_copier(self) -> Callable | None:
+        """The resident ring's page copies in one extension call per layer (csrc/copy_cells.cpp),
+        or None (not built, not on the CPU, `STRATA_FUSED=0`): torch's `copy_` per run."""
+        return getattr(self.ops, "copy_cells", None)
+
     def prompt_attention_kernel(self, kv_dtype: torch.dtype) -> Callable | None:
         """The AMX prompt attention (`PrefillSpans`) where it applies and `$STRATA_PROMPT_ATTENTION`
         allows it: the decode kernel's conditions, bfloat16, a head dim that is a multiple of 32,
