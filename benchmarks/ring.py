@@ -17,7 +17,9 @@ rounds, and ratios as medians of per-round paired ratios:
 - cap: kv_resident = cap, adapt off;
 - adaptive: kv_resident = cap, adapt on, kv_ring_default = default ring.
 Extra tables: `--pages` at the deep tier (adaptive arm), and `--evict` clock vs lrfu with
-three parked conversations of the middle tier taking turns in one lane (cap arm).
+three parked conversations of the middle tier taking turns in one lane (cap arm). On the CPU
+also each ring arm's cost a step over no ring against its streamed bytes copied alone in the
+same run (ring_parts/bytes_cost.py): the deep tiers should cost no more than their bytes.
 
 "same tokens" compares each arm's greedy tokens with the reference arm's. On synthetic bf16
 K/V (random values, near-tied logits) a different read order (runs merged by log-sum-exp,
@@ -47,13 +49,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import RESULTS_DIR, available_mib, wait_for_quiet  # noqa: E402
 from benchmarks.ring_parts import TRAINED_LENGTH, TURN_CELLS  # noqa: E402
+from benchmarks.ring_parts.bytes_cost import bytes_cost, bytes_table  # noqa: E402
 from benchmarks.ring_parts.geometry import ARMS, Geometry  # noqa: E402
 from benchmarks.ring_parts.interleave import run_interleaved  # noqa: E402
 from benchmarks.ring_parts.plot import plot  # noqa: E402
 from benchmarks.ring_parts.summary import judge_rule, summarise  # noqa: E402
 from benchmarks.ring_parts.tables import ratio_table, rule_text, sweep_table, tier_table  # noqa: E402
 
-BYTES_PER_CELL = 30 * 2 * 3 * 64 * 2  # SmolLM2-135M, bf16: 22.5 KiB (all layers)
+LAYERS = 30  # SmolLM2-135M
+BYTES_PER_CELL = LAYERS * 2 * 3 * 64 * 2  # bf16: 22.5 KiB (all layers)
 PAIRS = [("adaptive", "default"), ("adaptive", "cap"), ("adaptive", "no-ring"), ("cap", "default"),
          ("default", "no-ring")]
 
@@ -128,6 +132,9 @@ def main() -> int:
     payload["tables"]["ratios"] = ratio_table(payload["tiers"], ratio_names, g.describe())
     payload["rule"] = judge_rule(payload["tiers"], a.noise, a.rounds)
     payload["tables"]["rule"] = rule_text(payload["rule"])
+    if a.device == "cpu":  # on an accelerator the bytes cross a bus: ring_cuda.sh
+        payload["bytes_cost"] = bytes_cost(payload["raw"], payload["tiers"], LAYERS, a.threads)
+        payload["tables"]["bytes_cost"] = bytes_table(payload["bytes_cost"], header)
     if pages:
         deep = g.tiers["deep"]
         ctx = deep + growth + TURN_CELLS

@@ -37,7 +37,7 @@ QUICK = {
     "spec": ([], ["spec.json", "spec.png"], ["llama.cpp peer:"]),
     "serve": ([], ["serve-quick.json", "serve-quick.png"], ["--quick: strata's arm only"]),
     "pool": ([], ["pool-quick.json", "pool-move-quick.png", "pool-prefix-quick.png"], []),
-    "ring": ([], ["ring.json", "ring.png"], []),
+    "ring": ([], ["ring.json", "ring.png"], ["against its streamed bytes copied alone"]),
     "quant_kernels": ([], ["quant_kernels-576-192-1536.json", "quant_kernels-576-192-1536.png"], []),
     "soak": (["--out", "{out}/soak.json"], ["soak.json", "soak.png"], []),
     "flood": ([], ["flood.json", "flood.png"], ["the save answered 409 directory_missing"]),
