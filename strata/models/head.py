@@ -5,7 +5,7 @@ of the weight ([vocab, hidden], 56.6 MB in bf16 for the default model: about a q
 its step). `Int8Head` keeps a per-row symmetric int8 copy (w ~= q * scale, q in
 [-127, 127], scale = max|w_row| / 127) and reads it for steps of at most `max_rows` rows,
 where torch's int8 CPU kernel is faster; `X8Head` reads a Q8_0 head's own values in the x8
-kernel's 8-bit form (models/q4x8.py) where strata's kernels run AVX-512 VNNI. A prompt's
+kernel's 8-bit form (models/q4x8.py) wherever strata's quantized kernels run. A prompt's
 sampling row reads the small form as decode rows do (models/rows.py), whether or not its
 prefix was cached; other prompt rows (logits of every prompt row) and longer steps read the
 dense weight.
@@ -22,7 +22,7 @@ from gguf import GGMLQuantizationType as QT
 
 from strata.config import head_kernel_from_env
 from strata.models.fused import load_quant_ops
-from strata.models.q4x8 import X8Matmul, q8x8_faster
+from strata.models.q4x8 import X8Matmul
 from strata.models.quant import QuantMatmul, QuantWeight
 from strata.models.rows import RowKinds, dense_rows, linear, small_rows
 
@@ -34,11 +34,12 @@ INT8_HEAD_MAX_ROWS = 4
 # dense copy (--weights auto; benchmarks/quant_kernels.py --head).
 QUANT_HEAD_MAX_ROWS = 8
 # bfloat16 decode steps of at most this many rows read it in place where `head_kernel()` is
-# "quant" (the row counts benchmarks/quant_kernels.py --head measures).
+# "quant", or read the q8x8 form where torch runs AVX2 only (the row counts
+# benchmarks/quant_kernels.py --head measures).
 BF16_QUANT_HEAD_MAX_ROWS = 64
 # bfloat16 decode steps of at most this many rows read a Q8_0 head's q8x8 form where
-# `head_kernel()` is "x8"; longer steps read the dense weight, faster there on AVX-512 VNNI
-# without AMX (benchmarks/quant_kernels.py --head).
+# `head_kernel()` is "x8" and torch runs AVX-512; longer steps read the dense weight, faster
+# there on AVX-512 VNNI without AMX (benchmarks/quant_kernels.py --head).
 X8_HEAD_MAX_ROWS = 16
 # The q8x8 head's activation codes: 8 bits per value, one scale per 32 values (the form the
 # file's Q8_0 blocks are read with in place, QuantHead, and llama.cpp's head). At 8 rows the
@@ -48,24 +49,32 @@ X8_HEAD_ACT_BITS = 8
 
 
 def head_kernel() -> str:
-    """How --weights auto reads the head at bfloat16 decode rows: "quant" (the file's blocks,
-    strata's kernel), "x8" (a Q8_0 head's q8x8 form, strata's x8 kernel) or "int8" (torch's
-    int8 kernel). `$STRATA_HEAD_KERNEL` (config.py) forces one; else "quant" where torch's CPU
-    kernels run their AVX2 path (its int8 and bf16 kernels convert in software), "x8" where
-    strata's kernels run AVX-512 VNNI (benchmarks/quant_kernels.py --head), else "int8"."""
+    """How --weights auto reads the head at bfloat16 decode rows: "x8" (a Q8_0 head's q8x8 form,
+    strata's x8 kernel), "quant" (the file's blocks, strata's kernel) or "int8" (torch's int8
+    kernel). `$STRATA_HEAD_KERNEL` (config.py) forces one; else "x8" wherever strata's quantized
+    kernels run, AVX-512 VNNI or AVX2 (benchmarks/quant_kernels.py --head: with 8-bit
+    activations the AVX2 variant beats the file's blocks at every row count measured), and a
+    head of another type reads what `without_x8()` says."""
     choice = head_kernel_from_env()
     if choice != "auto":
         return choice
-    if torch.backends.cpu.get_cpu_capability() == "AVX2":
-        return "quant"
-    return "x8" if q8x8_faster() else "int8"
+    return "x8" if load_quant_ops() is not None else without_x8()
+
+
+def without_x8() -> str:
+    """The auto choice for a head the q8x8 form cannot hold: "quant" where torch's CPU kernels
+    run their AVX2 path (its int8 and bf16 kernels convert in software), else "int8"."""
+    return "quant" if torch.backends.cpu.get_cpu_capability() == "AVX2" else "int8"
 
 
 def x8_head_max_rows() -> int:
-    """Decode rows up to which the q8x8 head beats the dense one, with or without AMX: in a
-    step the dense head (bfloat16, twice the q8x8 form's bytes) streams from memory, and AMX's
-    flat cost in rows does not make up for that at 8 lanes (benchmarks/step_profile.py: an
-    8-lane step 22.8 -> 19.1 ms on a Sapphire Rapids-class guest)."""
+    """Decode rows up to which the q8x8 head is read: where torch runs AVX-512 the dense head
+    beyond (in a step the dense head, bfloat16, twice the q8x8 form's bytes, streams from memory,
+    and AMX's flat cost in rows does not make up for that at 8 lanes: benchmarks/step_profile.py,
+    an 8-lane step 22.8 -> 19.1 ms on a Sapphire Rapids-class guest); where torch runs AVX2 only
+    (its bf16 GEMM converts in software) as far as the file's blocks were read there."""
+    if torch.backends.cpu.get_cpu_capability() == "AVX2":
+        return BF16_QUANT_HEAD_MAX_ROWS
     return X8_HEAD_MAX_ROWS
 
 
@@ -183,6 +192,8 @@ def make_head(weight: torch.Tensor | None, quant: QuantWeight | None, weight_mod
         kernel = head_kernel()
         if in_place and kernel == "x8" and quant.qtype == QT.Q8_0:
             return X8Head(X8Matmul.from_q8x8_parts([quant], X8_HEAD_ACT_BITS), weight, x8_head_max_rows())
+        if kernel == "x8" and head_kernel_from_env() == "auto":  # not Q8_0: auto's other choice
+            kernel = without_x8()  # (a forced x8 reads the int8 copy then, docs/flags.md)
         if in_place and kernel == "quant":
             return QuantHead(QuantMatmul([quant]), weight, BF16_QUANT_HEAD_MAX_ROWS)
         return Int8Head(weight)

@@ -59,16 +59,17 @@ def test_which_head_each_build_gets():
 
 def test_a_quantized_head_is_read_in_place(quant_ops, monkeypatch):
     """native holds only the file's blocks; float32 auto reads them at decode steps (their exact
-    values); bfloat16 auto keeps the int8 copy, or reads the blocks where torch's kernels run
-    AVX2 only (or as $STRATA_HEAD_KERNEL says)."""
+    values); bfloat16 auto reads a Q8_0 head's q8x8 form wherever strata's quantized kernels
+    run, another type's blocks where torch's kernels run AVX2 only, else the int8 copy (or as
+    $STRATA_HEAD_KERNEL says)."""
     import numpy as np
     from gguf import GGMLQuantizationType as QT
     from gguf.quants import quantize
 
     from strata.config import HEAD_KERNEL_ENV
     from strata.errors import ConfigError
-    from strata.models.head import (BF16_QUANT_HEAD_MAX_ROWS, QUANT_HEAD_MAX_ROWS, QuantHead, X8Head, head_kernel,
-                                    x8_head_max_rows)
+    from strata.models.head import (BF16_QUANT_HEAD_MAX_ROWS, QUANT_HEAD_MAX_ROWS, X8_HEAD_MAX_ROWS, QuantHead, X8Head,
+                                    head_kernel, x8_head_max_rows)
     from strata.models.quant import QuantWeight
 
     dense = weight().float()
@@ -91,9 +92,13 @@ def test_a_quantized_head_is_read_in_place(quant_ops, monkeypatch):
         assert head_kernel() == choice
     q4 = QuantWeight(torch.from_numpy(quantize(dense.numpy(), QT.Q4_0)), int(QT.Q4_0), dense.shape[1])
     assert type(make_head(exact.bfloat16(), q4, "auto", torch.bfloat16, cpu)) is Int8Head  # x8: Q8_0 heads only
-    monkeypatch.delenv(HEAD_KERNEL_ENV)  # auto: in place where torch runs AVX2 only, q8x8 where strata's runs VNNI
-    vnni = quant_ops.quant_isa() == "avx512_vnni"
-    assert head_kernel() == ("quant" if torch.backends.cpu.get_cpu_capability() == "AVX2" else "x8" if vnni else "int8")
+    monkeypatch.delenv(HEAD_KERNEL_ENV)  # auto: q8x8 wherever strata's quantized kernels run, AVX2 or VNNI
+    assert head_kernel() == "x8"
+    avx2_torch = torch.backends.cpu.get_cpu_capability() == "AVX2"
+    head = make_head(exact.bfloat16(), q, "auto", torch.bfloat16, cpu)
+    assert type(head) is X8Head and head.max_rows == (BF16_QUANT_HEAD_MAX_ROWS if avx2_torch else X8_HEAD_MAX_ROWS)
+    other = make_head(exact.bfloat16(), q4, "auto", torch.bfloat16, cpu)  # a head q8x8 cannot hold
+    assert type(other) is (QuantHead if avx2_torch else Int8Head)
     monkeypatch.setenv(HEAD_KERNEL_ENV, "fast")
     with pytest.raises(ConfigError, match=HEAD_KERNEL_ENV):
         head_kernel()
