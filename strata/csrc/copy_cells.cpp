@@ -29,12 +29,13 @@ struct Piece {
 int64_t row_bytes(const torch::Tensor& t) {
   TORCH_CHECK(t.device().is_cpu(), "copy_cells: CPU tensors only");
   TORCH_CHECK(t.dim() >= 2, "copy_cells: tensors are [kv_heads, cells, ...]");
-  int64_t expect = 1;
-  for (int64_t d = t.dim() - 1; d >= 1; --d) {
-    TORCH_CHECK(t.stride(d) == expect, "copy_cells: each tensor must be contiguous from dim 1 on");
-    expect *= t.size(d);
+  int64_t row = 1;  // values a cell
+  for (int64_t d = t.dim() - 1; d >= 2; --d) {
+    TORCH_CHECK(t.size(d) == 1 || t.stride(d) == row, "copy_cells: each tensor must be contiguous from dim 1 on");
+    row *= t.size(d);
   }
-  return expect / t.size(1) * t.element_size();
+  TORCH_CHECK(t.stride(1) == row || t.size(1) <= 1, "copy_cells: each tensor must be contiguous from dim 1 on");
+  return row * t.element_size();
 }
 
 }  // namespace
