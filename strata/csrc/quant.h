@@ -47,13 +47,15 @@ inline int block_bytes(int type) {
 // block b of row j d32[b * pitch + j] (value = d32 * q) and s32[b * pitch + j] = d32 * sum(q
 // of the block). For the K-quants: q256 [rows, k], d256[b * pitch + j] per 256 values,
 // bsums [rows, k / 16] (sums of q per 16). The x8 kernel's 15-bit activations (quant_x8.inc)
-// add ql [rows, k] int8: value = d32 * (128 q + ql), s32 = d32 * sum(128 q + ql).
+// add ql [rows, k] int8: value = d32 * (128 q + ql), s32 = d32 * sum(128 q + ql). i32, where
+// set, holds those block sums as integers (same index as d32; the AVX2 q8x8 kernel's offset).
 struct Act {
   int64_t k = 0, pitch = 0;
   int8_t* q = nullptr;
   int8_t* ql = nullptr;
   float* d32 = nullptr;
   float* s32 = nullptr;
+  int32_t* i32 = nullptr;
   int8_t* q256 = nullptr;
   float* d256 = nullptr;
   int16_t* bsums = nullptr;

@@ -75,13 +75,16 @@ quant::Act quantize_rows(const torch::Tensor& x, const quant::Kernels& kern, boo
   act.k = k;
   act.pitch = (rows + 7) / 8 * 8;
   const size_t nb = need32 ? k / 32 : 0, nsb = need256 ? k / 256 : 0, nq = need32 + need256;
-  const size_t qbytes = round64(rows * k), scales = round64(sizeof(float) * act.pitch * (2 * nb + nsb));
+  const size_t qbytes = round64(rows * k), scales = round64(sizeof(float) * act.pitch * (3 * nb + nsb));
   unsigned char* buf = scratch(nq * qbytes + scales + round64(sizeof(int16_t) * rows * (k / 16)));
   float* f = reinterpret_cast<float*>(buf + nq * qbytes);
   std::memset(f, 0, scales);  // the padding rows' scales are 0
-  if (need32) act.q = reinterpret_cast<int8_t*>(buf), act.d32 = f, act.s32 = f + act.pitch * nb;
+  if (need32) {
+    act.q = reinterpret_cast<int8_t*>(buf), act.d32 = f, act.s32 = f + act.pitch * nb;
+    act.i32 = reinterpret_cast<int32_t*>(f + 2 * act.pitch * nb);
+  }
   if (need256) {
-    act.q256 = reinterpret_cast<int8_t*>(buf + need32 * qbytes), act.d256 = f + 2 * act.pitch * nb;
+    act.q256 = reinterpret_cast<int8_t*>(buf + need32 * qbytes), act.d256 = f + 3 * act.pitch * nb;
     act.bsums = reinterpret_cast<int16_t*>(buf + nq * qbytes + scales);
   }
   const void* xp = x.data_ptr();
@@ -100,12 +103,13 @@ quant::Act quantize15_rows(const torch::Tensor& x, const quant::Kernels& kern) {
   quant::Act act;
   act.k = k;
   act.pitch = (rows + 7) / 8 * 8;
-  const size_t qbytes = round64(rows * k), scales = round64(sizeof(float) * act.pitch * 2 * (k / 32));
+  const size_t qbytes = round64(rows * k), scales = round64(sizeof(float) * act.pitch * 3 * (k / 32));
   unsigned char* buf = scratch(2 * qbytes + scales);
   float* f = reinterpret_cast<float*>(buf + 2 * qbytes);
   std::memset(f, 0, scales);  // the padding rows' scales are 0
   act.q = reinterpret_cast<int8_t*>(buf), act.ql = reinterpret_cast<int8_t*>(buf + qbytes);
   act.d32 = f, act.s32 = f + act.pitch * (k / 32);
+  act.i32 = reinterpret_cast<int32_t*>(f + 2 * act.pitch * (k / 32));
   const void* xp = x.data_ptr();
   at::parallel_for(0, rows, 4, [&](int64_t begin, int64_t end) {
     quant::Act mine = act;  // each thread writes only its own rows

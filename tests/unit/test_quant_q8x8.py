@@ -6,9 +6,10 @@ gives gguf-py's float32 weights bit for bit, for Q8_0, Q5_0 and projections mixi
 output counts that are not multiples of 8. The
 kernel computes w = d u + c with u = code + 128 and c = -128 d, so its float rounding is
 bounded against |d u| + |c| rather than |w| (`q8x8_bound`); the activation codes' rounding
-is the x8 kernel's (tests/unit/test_quant_x8.py). The AVX2 variant splits each 8-bit code
-into two 4-bit ones (its 16-bit pair sums would saturate): its integer sums are still exact,
-so every instruction set agrees bit for bit.
+is the x8 kernel's (tests/unit/test_quant_x8.py). The AVX2 variant sums w = code with q
+sign-moved by w (maddubs(|w|, +-q): pairs of at most 2 x 128 x 127, no saturation) and adds
+128 times the activations' integer block sum: its integer sums are still exact, so every
+instruction set agrees bit for bit, extreme codes and activations included.
 """
 
 from __future__ import annotations
@@ -105,6 +106,36 @@ def test_each_row_is_the_same_at_every_row_count_and_isa(ops, act_bits):
         assert torch.equal(full, first), f"{isa} differs from {ops.quant_isas()[0]}"
         for rows in range(1, 17):
             assert torch.equal(matmul(x[:rows]), full[:rows]), f"{isa}: {rows} rows"
+
+
+@pytest.mark.parametrize("act_bits", [8, 15])
+def test_extreme_codes_and_activations_agree_across_isas(ops, act_bits):
+    """Codes -128, -127, 127 and 0 against activation blocks whose codes are all +-127 (their
+    values share one magnitude): the largest pair sums the AVX2 variant forms, 2 x 128 x 127,
+    and their negatives; every instruction set gives the same bits, within the bound."""
+    rng = np.random.default_rng(5)
+    rows, k = 11, 256
+    raw = random_blocks(QT.Q8_0, 24, k, 0.02, rng).reshape(24, k // 32, 34)
+    raw[..., 2:] = rng.choice(np.array([-128, -127, 127, 0], dtype=np.int8), size=raw[..., 2:].shape).view(np.uint8)
+    raw[:8, :, 2:] = np.array(-128, dtype=np.int8).view(np.uint8)  # a whole group of -128
+    raw = raw.reshape(24, -1)
+    parts = [(QT.Q8_0, raw)]
+    signs = rng.choice([-1.0, 1.0], size=(rows, k))
+    signs[0] = -1.0
+    signs[1] = np.where(raw[0].reshape(-1, 34)[:, 2:].view(np.int8).reshape(-1) < 0, -1.0, 1.0)  # w q > 0
+    x = torch.from_numpy(signs * 3.0).to(torch.bfloat16)
+    w = reference(parts)
+    xd = x.double().numpy()
+    expected = xd @ w.T
+    tol = q8x8_bound(xd, parts, w, LEVELS[act_bits], True, expected)
+    first = None
+    for isa in ops.quant_isas():
+        matmul = X8Matmul.from_q8x8_parts(weights(parts, k), act_bits)
+        ops.set_quant_isa(isa)
+        y = matmul(x)
+        first = y if first is None else first
+        assert torch.equal(y, first), f"{isa} differs from {ops.quant_isas()[0]}"
+        assert (np.abs(y.double().numpy() - expected) <= tol).all(), isa
 
 
 def test_the_head_reads_the_form_for_decode_rows_only(ops):
