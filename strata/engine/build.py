@@ -120,7 +120,7 @@ def _weight_bytes(config: EngineConfig, load: ModelLoad) -> int:
 
 def _widened_bytes(load: ModelLoad, dtype: str) -> int:
     """Bytes `--weights auto` holds beyond a file's blocks: where decode rows read Q5_0 through
-    the q8x8 form (bfloat16 on AVX-512 VNNI, models/linear.py), each 22-byte block becomes 34
+    the q8x8 form (bfloat16 wherever strata's quantized kernels run, models/linear.py), each 22-byte block becomes 34
     (counted for every Q5_0 block of the file, as the loader counted them: a bound, as a
     projection mixing types keeps the blocks)."""
     if dtype != "bfloat16" or not q8x8_faster():

@@ -8,7 +8,9 @@ written once with `torch.save`, and later starts map it back with `torch.load(mm
 no parse, no copy, the pages read from the page cache on first touch.
 
 An entry is keyed by the model file's identity (real path, size, mtime, inode), how it
-was built (dtype, --weights, devices, $STRATA_Q4_KERNEL, the head's kernel) and the source of the classes it pickles, so an
+was built (dtype, --weights, devices, $STRATA_Q4_KERNEL, the head's kernel, the instruction
+sets the forms were chosen for: torch's CPU capability and strata's quantized kernels', which
+`$STRATA_QUANT_ISA` or another CPU sharing the directory changes) and the source of the classes it pickles, so an
 edited file, another build or another strata gives a new key, never a stale model.
 The rotary tables are rebuilt after loading (they depend on --max-context). Only CPU builds are
 cached. The directory is `$STRATA_CACHE_DIR`, else `$XDG_CACHE_HOME/strata`, else
@@ -35,6 +37,7 @@ from strata.config import CACHE_ENV, prepared_cache_dir, q4_kernel_from_env
 
 from strata.loader.tokenizer import Tokenizer
 from strata.models.config import ModelConfig
+from strata.models.fused import load_quant_ops
 from strata.models.head import head_kernel
 from strata.models.llama import LlamaModel
 
@@ -61,6 +64,13 @@ def cache_dir() -> str | None:
     return prepared_cache_dir()
 
 
+def quant_isa() -> str | None:
+    """The quantized kernels' instruction set in this process (None: not loaded): which forms
+    --weights auto builds follows it (models/q4x8.py q8x8_faster, models/head.py)."""
+    ops = load_quant_ops()
+    return ops.quant_isa() if ops is not None else None
+
+
 def cache_key(path: str, dtype: str, weights: str, devices: Sequence[str]) -> str | None:
     """The entry's name for this model file and build; None when it is not cacheable."""
     if cache_dir() is None or not os.path.isfile(path) or any(d != "cpu" for d in devices):
@@ -68,7 +78,8 @@ def cache_key(path: str, dtype: str, weights: str, devices: Sequence[str]) -> st
     st = os.stat(path)
     h = hashlib.sha256()
     h.update(repr((FORMAT, torch.__version__, os.path.realpath(path), st.st_size, st.st_mtime_ns, st.st_ino,
-                   dtype, weights, tuple(devices), q4_kernel_from_env(), head_kernel())).encode())  # the forms built
+                   dtype, weights, tuple(devices), q4_kernel_from_env(), head_kernel(),  # the forms built
+                   torch.backends.cpu.get_cpu_capability(), quant_isa())).encode())
     models_dir = os.path.dirname(os.path.abspath(strata.models.__file__))
     for name in _PICKLED_MODULES:
         with open(os.path.join(models_dir, name), "rb") as f:

@@ -76,6 +76,6 @@ def kernel_paths(ops: ModuleType | None, weight_forms: dict[str, int] | None = N
     }
     if weight_forms is not None:
         paths["projections"] = weight_forms
-        if not {"quant", "x8"} & set(weight_forms) and weight_forms.get("head") != "quant":
+        if not {"quant", "x8"} & set(weight_forms) and weight_forms.get("head") not in ("quant", "x8"):
             paths["quant"] = None  # built, but no weight of this model reads it
     return paths

@@ -13,8 +13,9 @@ Which form a projection reads (`fused_linear`), as measured by benchmarks/quant_
   tests/model/test_serving_accuracy.py's logit bound), with =int4 through torch's int4 kernel
   (q4.py; 1 row 0.29 ms against 0.40 ms for strata's per-row kernel on the AMX guest);
   Q8_0 and Q5_0 (a Q4_K_M file's 576-wide projections) through the same kernel's 8-bit form
-  where it runs AVX-512 VNNI (q4x8.py's q8x8: 1 row 0.11 ms against 0.19 ms for Q8_0's blocks
-  and 0.26 for Q5_0's, EPYC Zen 4, 2 threads), every other type through strata's kernel (Q8_0 0.31 ms; on a
+  wherever it runs (q4x8.py's q8x8: 1 row 0.11 ms against 0.19 ms for Q8_0's blocks and 0.26
+  for Q5_0's, EPYC Zen 4, VNNI, 2 threads; the AVX2 variant 0.10 ms against 0.18 for Q5_0's,
+  an AMX guest), every other type through strata's kernel (Q8_0 0.31 ms; on a
   1024-wide layer Q4_K 0.61 ms against 0.79 ms for its int4 form); prompt rows (in any step:
   models/rows.py) and more decode rows read the dense copy, but for a prompt's sampling row,
   which reads the 4-bit form at any decode-row count. With AMX the dense bfloat16 GEMM

@@ -214,7 +214,8 @@ class LlamaModel:
     def weight_forms(self) -> dict[str, int]:
         """How many projections read each form at decode rows: "x8" (strata's x8 kernel, q4x8.py),
         "int4" (torch's int4 kernel), "quant" (strata's kernels, the file's blocks), "dense"
-        (prompt rows always are)."""
+        (prompt rows always are); "head": the LM head's form at decode rows ("x8": a Q8_0 head's q8x8
+        form)."""
         forms: dict[str, int] = {}
         for lin in self.projections():
             for run in getattr(lin, "runs", [lin]):
@@ -222,7 +223,7 @@ class LlamaModel:
                         else "quant" if run.quant is not None else "dense")
                 forms[form] = forms.get(form, 0) + 1
         head = type(self.lm_head).__name__
-        forms["head"] = {"Int8Head": "int8", "QuantHead": "quant"}.get(head, "dense")
+        forms["head"] = {"Int8Head": "int8", "QuantHead": "quant", "X8Head": "x8"}.get(head, "dense")
         return forms
 
     def decode_attention_kernel(self, kv_dtype: torch.dtype) -> Callable | None:

@@ -105,10 +105,10 @@ def _signed_codes(w: QuantWeight) -> tuple[np.ndarray, np.ndarray]:
 
 def q8x8_faster() -> bool:
     """Whether Q8_0 and Q5_0 decode rows read the q8x8 form rather than the file's blocks
-    (models/linear.py, models/head.py): where strata's kernels run AVX-512 VNNI (the AVX2
-    variant splits each code in two, slower from a few rows on)."""
-    ops = load_quant_ops()
-    return ops is not None and ops.quant_isa() == "avx512_vnni"
+    (models/linear.py): wherever strata's quantized kernels run, AVX-512 VNNI or AVX2 (the AVX2
+    variant sums the 8-bit codes by sign: a layer at 1 row in half the file blocks' time, and
+    the Q4_K_M file's whole decode step faster at 1 and 8 lanes, docs/benchmarks.md)."""
+    return load_quant_ops() is not None
 
 
 def pack_q8x8(parts: list[QuantWeight]) -> torch.Tensor:

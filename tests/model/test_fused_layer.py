@@ -126,7 +126,7 @@ def test_layers_reading_the_files_blocks_are_their_python_path_bit_for_bit(  # n
     path = tiny_file(tmp_path, qtype, fields, tied=qtype in TIED)
     engine = Engine(EngineConfig(model=path, dtype=dtype, weights=weights, max_context=96, kv_chunk=16, batch=2,
                                  prefill_chunk=7, spec="off"), progress=False)
-    layers = engine._model.layers  # the file's blocks, or (Q8_0, Q5_0 in bf16 auto on VNNI) their q8x8 form
+    layers = engine._model.layers  # the file's blocks, or (Q8_0, Q5_0 in bf16 auto) their q8x8 form
     assert all(layer.fused is not None and all(quantized_form(p) is not None for p in layer.fused.projections)
                for layer in layers)
     q8x8 = qtype in Q8X8_TYPES and dtype == "bfloat16" and weights == "auto" and q8x8_faster()

@@ -266,7 +266,7 @@ def test_the_memory_guard_counts_what_each_weights_mode_holds(kernels, tmp_path,
 
 
 def test_the_memory_guard_counts_q5_0_as_the_form_auto_holds(tmp_path, fields, monkeypatch):
-    """Under `--weights auto` in bf16 where the kernels run VNNI, Q5_0 projections are held in the
+    """Under `--weights auto` in bf16 where strata's quantized kernels run, Q5_0 projections are held in the
     q8x8 form (34 bytes a block and column instead of 22): the guard counts the widening, and what
     the layers hold of it stays within the count."""
     import os

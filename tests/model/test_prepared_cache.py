@@ -110,6 +110,26 @@ def test_keys_follow_the_file_and_the_build(cache, tmp_path):
     os.utime(model, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # the file was rewritten
     assert prepared.cache_key(str(model), "bfloat16", "auto", ("cpu",)) != key
     assert prepared.cache_key(str(model), "bfloat16", "auto", ("cuda:0",)) is None  # CPU builds only
+
+
+def test_keys_follow_the_quantized_kernels_instruction_set(cache, tmp_path, monkeypatch):
+    """--weights auto chooses forms by the kernels' instruction set (q8x8 for Q5_0/Q8_0 on
+    AVX-512 VNNI only): an entry built under one must not be mapped under another."""
+    from strata.config import QUANT_ISA_ENV
+    from strata.models.fused import load_quant_ops
+
+    ops = load_quant_ops()
+    if ops is None or len(ops.quant_isas()) < 2:
+        pytest.skip("one quantized-kernel instruction set on this CPU")
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"x" * 100)
+    keys = set()
+    for isa in ops.quant_isas():
+        monkeypatch.setenv(QUANT_ISA_ENV, isa)
+        keys.add(prepared.cache_key(str(model), "bfloat16", "auto", ("cpu",)))
+    monkeypatch.delenv(QUANT_ISA_ENV)
+    load_quant_ops()  # the process's own choice again, for the tests after this one
+    assert len(keys) == len(ops.quant_isas())
     assert prepared.cache_key(str(tmp_path), "bfloat16", "auto", ("cpu",)) is None  # a HF directory
 
 
