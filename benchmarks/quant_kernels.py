@@ -115,6 +115,10 @@ def arms_for(shapes: dict, ops, rng) -> dict[str, list]:
         arms[f"strata q8x8 Q8_0 {bits}-bit act"] = [
             (k, lambda xb, xf, m=X8Matmul.from_q8x8_parts([QuantWeight(random_blocks(8, out, k, rng), 8, k)], bits): m(xb))
             for out, k in shapes.values()]
+    for bits in (15, 8):  # Q5_0 in the q5x8 form (its own 22 bytes per block: models/linear.py)
+        arms[f"strata q5x8 Q5_0 {bits}-bit act"] = [
+            (k, lambda xb, xf, m=X8Matmul.from_q5x8_parts([QuantWeight(random_blocks(6, out, k, rng), 6, k)], bits): m(xb))
+            for out, k in shapes.values()]
     for name, qtype in TYPES.items():
         if any(k % BLOCK[qtype][0] for _, k in shapes.values()):
             continue

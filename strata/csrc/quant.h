@@ -69,9 +69,11 @@ using FloatDot = void (*)(int type, const uint8_t* w, int64_t k, const float* x,
 // Row j of x (float32, or bfloat16 when bf16) into an Act's q/d32/s32 (and/or q256/d256/bsums).
 using Quantize = void (*)(const void* x, bool bf16, int64_t j, Act& a, bool want32, bool want256);
 
-// Bytes per 32-value block of a group of 8 interleaved 4-bit columns (quant_x8.inc), and of
-// 8 interleaved 8-bit columns (Q8_0's values, the q8x8 form).
+// Bytes per 32-value block of a group of 8 interleaved 4-bit columns (quant_x8.inc), of 8
+// interleaved 5-bit columns (Q5_0's values, the q5x8 form) and of 8 interleaved 8-bit columns
+// (Q8_0's values, the q8x8 form).
 constexpr int X8_RECORD_BYTES = 160;
+constexpr int X8Q5_RECORD_BYTES = 176;
 constexpr int X8Q8_RECORD_BYTES = 272;
 
 // One group of 8 interleaved 4-bit columns (the x8 layout, quant_x8.inc) times `rows`
@@ -88,6 +90,8 @@ struct Kernels {
   Quantize quantize;
   Int8X8 int8_x8;     // 8-bit activations (q, d32, s32)
   Int8X8 int15_x8;    // 15-bit activations (q, ql, d32, s32: quantize15's)
+  Int8X8 int8_q5x8;   // the same two for the 5-bit (q5x8) form
+  Int8X8 int15_q5x8;
   Int8X8 int8_q8x8;   // the same two for the 8-bit (q8x8) form
   Int8X8 int15_q8x8;
   Quantize15 quantize15;

@@ -8,7 +8,8 @@
 //   quant_matmul(x, weights, types, int8): the same through a temporary QuantLinear
 //   Quant4x8Linear(packed, out, in, act_bits, weight_bits): 4-bit weights in the x8 layout
 //       (quant_x8.inc, packed by strata/models/q4x8.py), uint8 [ceil(out / 8), in / 32 * 160],
-//       or Q8_0's 8-bit values in the q8x8 layout (weight_bits 8), [ceil(out / 8), in / 32 * 272].
+//       Q5_0's 5-bit values in the q5x8 layout (weight_bits 5), [ceil(out / 8), in / 32 * 176], or
+//       Q8_0's 8-bit values in the q8x8 layout (weight_bits 8), [ceil(out / 8), in / 32 * 272].
 //     (x) -> y: x [rows, in] float32 or bfloat16, y [rows, out] in x's dtype; activations
 //       act_bits (8 or 15) per value, one scale per 32-value block. Threads split the groups
 //       of 8 columns.
@@ -177,8 +178,11 @@ Quant4x8Linear::Quant4x8Linear(torch::Tensor packed, int64_t out_features, int64
                                int64_t weight_bits)
     : packed_(std::move(packed)), n_(out_features), k_(in_features), act_bits_(act_bits), weight_bits_(weight_bits) {
   TORCH_CHECK(act_bits_ == 8 || act_bits_ == 15, "Quant4x8Linear: act_bits 8 or 15, got ", act_bits_);
-  TORCH_CHECK(weight_bits_ == 4 || weight_bits_ == 8, "Quant4x8Linear: weight_bits 4 or 8, got ", weight_bits_);
-  const int64_t record = weight_bits_ == 8 ? quant::X8Q8_RECORD_BYTES : quant::X8_RECORD_BYTES;
+  TORCH_CHECK(weight_bits_ == 4 || weight_bits_ == 5 || weight_bits_ == 8, "Quant4x8Linear: weight_bits 4, 5 or 8, got ",
+              weight_bits_);
+  const int64_t record = weight_bits_ == 8   ? quant::X8Q8_RECORD_BYTES
+                         : weight_bits_ == 5 ? quant::X8Q5_RECORD_BYTES
+                                             : quant::X8_RECORD_BYTES;
   TORCH_CHECK(packed_.scalar_type() == at::kByte && packed_.dim() == 2 && packed_.is_contiguous() &&
                   packed_.device().is_cpu(), "Quant4x8Linear: uint8 [groups, bytes] contiguous on the CPU");
   TORCH_CHECK(k_ > 0 && k_ % 32 == 0 && packed_.size(1) == k_ / 32 * record, "Quant4x8Linear: ", k_,
@@ -197,8 +201,10 @@ torch::Tensor Quant4x8Linear::forward(const torch::Tensor& x) const {
   if (rows == 0) return y;
   const quant::Kernels& kern = *chosen().load();
   const quant::Act act = act_bits_ == 15 ? quantize15_rows(x, kern) : quantize_rows(x, kern, true, false);
-  const quant::Int8X8 dot = weight_bits_ == 8 ? (act_bits_ == 15 ? kern.int15_q8x8 : kern.int8_q8x8)
-                                              : (act_bits_ == 15 ? kern.int15_x8 : kern.int8_x8);
+  const bool wide = act_bits_ == 15;
+  const quant::Int8X8 dot = weight_bits_ == 8   ? (wide ? kern.int15_q8x8 : kern.int8_q8x8)
+                            : weight_bits_ == 5 ? (wide ? kern.int15_q5x8 : kern.int8_q5x8)
+                                                : (wide ? kern.int15_x8 : kern.int8_x8);
   const uint8_t* w = packed_.data_ptr<uint8_t>();
   // the output's pointer taken once: data_ptr<T>() checks the dtype on every call
   c10::BFloat16* yb = x.scalar_type() == at::kBFloat16 ? y.data_ptr<c10::BFloat16>() : nullptr;

@@ -24,7 +24,7 @@ class QuantLinear {
   bool need32_ = false, need256_ = false;  // which activation quantizations the parts read
 };
 
-// 4-bit (or, weight_bits 8, Q8_0's 8-bit) weights with 8 columns interleaved (the x8 layout,
+// 4-bit (or, weight_bits 5 and 8, Q5_0's and Q8_0's) weights with 8 columns interleaved (the x8 layout,
 // quant_x8.inc), 8- or 15-bit activations.
 class Quant4x8Linear {
  public:

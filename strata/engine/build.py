@@ -119,14 +119,14 @@ def _weight_bytes(config: EngineConfig, load: ModelLoad) -> int:
 
 
 def _widened_bytes(load: ModelLoad, dtype: str) -> int:
-    """Bytes `--weights auto` holds beyond a file's blocks: where decode rows read Q5_0 through
-    the q8x8 form (bfloat16 wherever strata's quantized kernels run, models/linear.py), each 22-byte block becomes 34
-    (counted for every Q5_0 block of the file, as the loader counted them: a bound, as a
-    projection mixing types keeps the blocks)."""
+    """Bytes `--weights auto` holds beyond a file's blocks: where decode rows read Q5_0 fused
+    with Q8_0 through the q8x8 form (bfloat16 wherever strata's quantized kernels run,
+    models/linear.py), each such 22-byte block becomes 34 (Q5_0 alone keeps its 22 in the q5x8
+    form; the loader counts the blocks from the tensor table, gguf_file.widened_q5_0_blocks)."""
     if dtype != "bfloat16" or not q8x8_faster():
         return 0
     q5_0 = GGMLQuantizationType.Q5_0
-    return load.q5_0_blocks * (Q8_RECORD // 8 - GGML_QUANT_SIZES[q5_0][1])  # a record holds 8 columns' block
+    return load.widened_q5_0_blocks * (Q8_RECORD // 8 - GGML_QUANT_SIZES[q5_0][1])  # a record holds 8 columns' block
 
 
 def _memory_plan(config: EngineConfig, load: ModelLoad, layout: KVLayout, draft: ModelLoad | None,

@@ -36,7 +36,7 @@ class ModelSource:
     # tensors kept as stored (loader/gguf_tensors.py)
     tensors: Iterator[tuple[str, torch.Tensor | QuantWeight]]
     fingerprint: str  # names the exact weights (session files check it)
-    q5_0_blocks: int = 0  # Q5_0 blocks in a GGUF file (the engine's memory check widens them)
+    widened_q5_0_blocks: int = 0  # Q5_0 blocks the q8x8 form widens (gguf_file.widened_q5_0_blocks)
 
 
 def open_model(path: str | None = None, weights: str = "dense", dtype: str = "bfloat16") -> ModelSource:
@@ -58,9 +58,7 @@ def open_model(path: str | None = None, weights: str = "dense", dtype: str = "bf
     if not os.path.exists(path):
         raise LoaderError(f"model not found: {path} (pass a .gguf file or a Hugging Face directory)")
     from strata.loader import gguf_checks
-    from gguf import GGMLQuantizationType
-
-    from strata.loader.gguf_file import gguf_model_config, num_blocks, open_gguf
+    from strata.loader.gguf_file import gguf_model_config, open_gguf, widened_q5_0_blocks
     from strata.loader.gguf_tensors import iter_gguf_tensors
 
     reader = open_gguf(path)
@@ -76,4 +74,4 @@ def open_model(path: str | None = None, weights: str = "dense", dtype: str = "bf
     config = dataclasses.replace(config, eos_token_ids=tuple(tokenizer.eos_token_ids))
     tensors = iter_gguf_tensors(reader, config, path, weights, TORCH_DTYPES.get(dtype, torch.float32))
     return ModelSource(path, config, tokenizer, len(reader.tensors), tensors, fingerprint.weights_fingerprint(path, config),
-                       num_blocks(reader, GGMLQuantizationType.Q5_0))
+                       widened_q5_0_blocks(reader))

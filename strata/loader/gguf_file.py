@@ -242,3 +242,25 @@ def unpermute_qk(w: torch.Tensor, num_heads: int) -> torch.Tensor:
 def num_blocks(reader: GGUFReader, qtype: GGMLQuantizationType) -> int:
     """How many blocks of `qtype` the file's tensors hold (its tensor table: no data read)."""
     return sum(int(t.n_bytes) for t in reader.tensors if t.tensor_type == qtype) // GGML_QUANT_SIZES[qtype][1]
+
+
+# Tensors one projection reads side by side (models/llama.py, models/moe_block.py fuse them).
+FUSED_GROUPS = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"), ("ffn_gate_exps", "ffn_up_exps"))
+
+
+def widened_q5_0_blocks(reader: GGUFReader) -> int:
+    """Q5_0 blocks that `--weights auto` holds in the q8x8 form (34 bytes a block, not 22): those
+    of a projection whose parts mix Q5_0 and Q8_0 (models/linear.py; Q5_0 alone keeps its size
+    in the q5x8 form). From the tensor table: no data read."""
+    q5_0, q8_0 = GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q8_0
+    types = {t.name: t.tensor_type for t in reader.tensors}
+    blocks = 0
+    for t in reader.tensors:
+        if t.tensor_type != q5_0 or not t.name.startswith("blk."):
+            continue
+        prefix, _, rest = t.name.rpartition(".weight")[0].rpartition(".")
+        group = next((g for g in FUSED_GROUPS if rest in g), (rest,))
+        parts = [types.get(f"{prefix}.{n}.weight") for n in group]
+        if q8_0 in parts and all(p in (q5_0, q8_0) for p in parts):
+            blocks += int(t.n_bytes) // GGML_QUANT_SIZES[q5_0][1]
+    return blocks

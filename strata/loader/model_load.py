@@ -34,7 +34,7 @@ class ModelLoad:
         self.source = source
         origin = self.cached if self.cached is not None else source
         self.config, self.tokenizer, self.fingerprint = origin.config, origin.tokenizer, origin.fingerprint
-        self.q5_0_blocks = origin.q5_0_blocks
+        self.widened_q5_0_blocks = origin.widened_q5_0_blocks
 
     @property
     def from_cache(self) -> bool:
@@ -50,5 +50,5 @@ class ModelLoad:
         model = build_model(self.source, self.dtype, self.devices, max_positions, self.weights, progress, fused)
         if self.key is not None:
             prepared.save(self.key, prepared.PreparedModel(self.config, self.tokenizer, self.fingerprint, model,
-                                                                self.q5_0_blocks))
+                                                                self.widened_q5_0_blocks))
         return model

@@ -43,7 +43,7 @@ from strata.models.llama import LlamaModel
 
 log = logging.getLogger("strata.loader")
 
-FORMAT = 3  # bump when what an entry holds changes shape
+FORMAT = 4  # bump when what an entry holds changes shape
 MAX_ENTRIES = 4
 # The modules whose classes an entry pickles: their source is part of the key.
 _PICKLED_MODULES = ("head.py", "layers.py", "linear.py", "llama.py", "config.py", "quant.py", "q4.py", "q4x8.py",
@@ -56,7 +56,7 @@ class PreparedModel:
     tokenizer: Tokenizer
     fingerprint: str
     model: LlamaModel
-    q5_0_blocks: int  # the file's (ModelSource.q5_0_blocks), so a mapped entry needs no parse
+    widened_q5_0_blocks: int  # the file's (ModelSource.widened_q5_0_blocks), so a mapped entry needs no parse
 
 
 def cache_dir() -> str | None:
@@ -101,7 +101,7 @@ def load(key: str) -> PreparedModel | None:
                               chat_template=tok["chat_template"], source=tok["source"])
         model = entry["model"]
         os.utime(file)  # most recently used
-        return PreparedModel(entry["config"], tokenizer, entry["fingerprint"], model, entry["q5_0_blocks"])
+        return PreparedModel(entry["config"], tokenizer, entry["fingerprint"], model, entry["widened_q5_0_blocks"])
     except Exception as exc:  # a damaged or foreign entry is rebuilt, never trusted
         log.warning("prepared-model cache entry %s is unreadable (%s): rebuilding it", file, exc)
         return None
@@ -118,7 +118,7 @@ def save(key: str, prepared: PreparedModel) -> None:
                       "eos_token_ids": list(tok.eos_token_ids), "add_bos": tok.add_bos,
                       "chat_template": tok.chat_template, "source": tok.source},
         "model": prepared.model,
-        "q5_0_blocks": prepared.q5_0_blocks,
+        "widened_q5_0_blocks": prepared.widened_q5_0_blocks,
     }
     try:
         os.makedirs(folder, exist_ok=True)

@@ -12,8 +12,9 @@ Which form a projection reads (`fused_linear`), as measured by benchmarks/quant_
   kernel on 8-bit activations (1 row 0.10 ms, 8 rows 0.37; outside
   tests/model/test_serving_accuracy.py's logit bound), with =int4 through torch's int4 kernel
   (q4.py; 1 row 0.29 ms against 0.40 ms for strata's per-row kernel on the AMX guest);
-  Q8_0 and Q5_0 (a Q4_K_M file's 576-wide projections) through the same kernel's 8-bit form
-  wherever it runs (q4x8.py's q8x8: 1 row 0.11 ms against 0.19 ms for Q8_0's blocks and 0.26
+  Q5_0 (a Q4_K_M file's 576-wide projections) through the same kernel's 5-bit form (q4x8.py's
+  q5x8, Q5_0's own bytes), and Q8_0 or Q5_0 fused with Q8_0 (q|k|v with a Q8_0 v) through its
+  8-bit form, wherever it runs (q4x8.py's q8x8: 1 row 0.11 ms against 0.19 ms for Q8_0's blocks and 0.26
   for Q5_0's, EPYC Zen 4, VNNI, 2 threads; the AVX2 variant 0.10 ms against 0.18 for Q5_0's,
   an AMX guest), every other type through strata's kernel (Q8_0 0.31 ms; on a
   1024-wide layer Q4_K 0.61 ms against 0.79 ms for its int4 form); prompt rows (in any step:
@@ -35,6 +36,7 @@ from collections.abc import MutableMapping, Sequence
 
 import torch
 import torch.nn.functional as F
+from gguf import GGMLQuantizationType as QT
 
 from strata.models.fused import load_quant_ops
 from strata.config import q4_kernel_from_env
@@ -178,7 +180,9 @@ def fused_linear(
             q4 = Q4Weight.cat([q4_from_blocks(q.raw.numpy(), q.qtype, (q.out_features, q.in_features)) for q in quant])
             return Linear(all_dense(), bias, int4=pack_for_cpu(q4, dtype), max_rows=rows)
         if dtype == torch.bfloat16 and all(q.qtype in Q8X8_TYPES for q in quant) and q8x8_faster():
-            x8 = X8Matmul.from_q8x8_parts(quant, act_bits=8 if q4_kernel_from_env() == "x8-int8" else 15)
+            act_bits = 8 if q4_kernel_from_env() == "x8-int8" else 15
+            x8 = (X8Matmul.from_q5x8_parts(quant, act_bits) if all(q.qtype == QT.Q5_0 for q in quant)
+                  else X8Matmul.from_q8x8_parts(quant, act_bits))
             return Linear(all_dense(), bias, max_rows=rows, x8=x8)
         return Linear(all_dense(), bias, QuantMatmul(quant), max_rows=rows)
     runs: list[Linear] = []

@@ -20,6 +20,11 @@ Q8_0 weights (the default model's head) and Q5_0 ones (w = d (q - 16)) pack the 
 (32 bytes each), bytes 4j .. 4j + 3 of U_t column j's signed codes 4t .. 4t + 3 plus 128 (u in
 [0, 255]; w = d u - 128 d, the kernel forms c = -128 d). 34 bytes per column and block: Q8_0's
 own size, Q5_0's 22 widened; the values are the file's.
+
+Q5_0 weights alone (no Q8_0 part) pack into the q5x8 form, Q5_0's own 22 bytes per column and
+block: a 176-byte record d[8] float16 | V_0 .. V_3 (the low 4 bits, as the x8 form's nibbles) |
+H (32 bytes: bit t of byte 4j + b is column j's fifth bit of value 4t + b, Q5_0's qh bit 4t + b).
+u = nibble + 16 fifth bit in [0, 31], w = d u - 16 d (the kernel forms c = -16 d).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from strata.models.quant import QuantWeight
 X8_TYPES = (QT.Q4_0, QT.Q4_1)
 Q8X8_TYPES = (QT.Q8_0, QT.Q5_0)  # w = d * code, |code| <= 128: the q8x8 form's values
 RECORD = 160  # bytes per block and group of 8 columns (quant.h: X8_RECORD_BYTES)
+Q5_RECORD = 176  # the same for the q5x8 form (quant.h: X8Q5_RECORD_BYTES)
 Q8_RECORD = 272  # the same for the q8x8 form (quant.h: X8Q8_RECORD_BYTES)
 
 
@@ -120,6 +126,35 @@ def pack_q8x8(parts: list[QuantWeight]) -> torch.Tensor:
     return _records([d], (codes + 128).astype(np.uint8))
 
 
+def pack_q5x8(parts: list[QuantWeight]) -> torch.Tensor:
+    """uint8 [ceil(out / 8), in / 32 * 176]: `parts` (Q5_0, same in) side by side, q5x8 form."""
+    if not parts or any(p.qtype != QT.Q5_0 for p in parts) or parts[0].in_features % 32:
+        raise ValueError("pack_q5x8: Q5_0 parts with inputs a multiple of 32")
+    blocks = [p.raw.numpy().reshape(p.out_features, p.in_features // 32, 22) for p in parts]
+    d = np.concatenate([b[..., 0:2].copy().view(np.float16)[..., 0] for b in blocks])  # [out, blocks]
+    qh = np.concatenate([b[..., 2:6].copy().view(np.uint32)[..., 0] for b in blocks])
+    qs = np.concatenate([b[..., 6:22] for b in blocks])  # [out, blocks, 16]
+    value = 4 * np.arange(8, dtype=np.uint32)[:, None] + np.arange(4, dtype=np.uint32)  # [t, b]: 4t + b
+    bits = (qh[..., None, None] >> value) & 1  # [out, blocks, t, b]
+    h = (bits << np.arange(8, dtype=np.uint32)[:, None]).sum(axis=2).astype(np.uint8)  # [out, blocks, b]
+    return _records([d], np.concatenate([qs, h], axis=2))
+
+
+def unpack_q5x8(packed: torch.Tensor, out_features: int) -> torch.Tensor:
+    """[out, in] float32: the weights the q5x8 form holds (tests)."""
+    groups, width = packed.shape
+    nb = width // Q5_RECORD
+    rec = packed.numpy().reshape(groups, nb, Q5_RECORD)
+    d = rec[..., 0:16].copy().view(np.float16).astype(np.float32)  # [G, nb, 8]
+    v = rec[..., 16:144].reshape(groups, nb, 4, 8, 4)  # [G, nb, i, column, byte]
+    h = rec[..., 144:].reshape(groups, nb, 1, 8, 4)  # [G, nb, 1, column, byte]
+    nibbles = np.concatenate([v & 0x0F, v >> 4], axis=2)  # [G, nb, t, column, byte]
+    fifth = (h >> np.arange(8, dtype=np.uint8)[:, None, None]) & 1  # bit t for word t
+    w = (nibbles + 16 * fifth).astype(np.float32) * d[:, :, None, :, None] - 16 * d[:, :, None, :, None]
+    w = w.transpose(0, 3, 1, 2, 4).reshape(groups * 8, nb * 32)
+    return torch.from_numpy(np.ascontiguousarray(w[:out_features]))
+
+
 def unpack_q8x8(packed: torch.Tensor, out_features: int) -> torch.Tensor:
     """[out, in] float32: the weights the q8x8 form holds (tests)."""
     groups, width = packed.shape
@@ -143,11 +178,11 @@ class X8Matmul:
     byte dot products each); 8: 8-bit codes (QuantMatmul's bfloat16 path: one byte dot product,
     coarser). The integer sums are exact either way."""
 
-    packed: torch.Tensor  # uint8 [ceil(out / 8), in / 32 * RECORD (Q8_RECORD: weight_bits 8)]
+    packed: torch.Tensor  # uint8 [ceil(out / 8), in / 32 * RECORD (Q5_RECORD, Q8_RECORD: weight_bits 5, 8)]
     out_features: int
     in_features: int
     act_bits: int = 15
-    weight_bits: int = 4  # 4: the x8 form of Q4_0/Q4_1; 8: the q8x8 form of Q8_0
+    weight_bits: int = 4  # 4: the x8 form of Q4_0/Q4_1; 5: the q5x8 form of Q5_0; 8: the q8x8 form
 
     def __post_init__(self) -> None:
         if self.act_bits not in ACT_BITS:
@@ -161,6 +196,11 @@ class X8Matmul:
     @staticmethod
     def from_parts(parts: list[QuantWeight], act_bits: int = 15) -> X8Matmul:
         return X8Matmul(pack_x8(parts), sum(p.out_features for p in parts), parts[0].in_features, act_bits)
+
+    @staticmethod
+    def from_q5x8_parts(parts: list[QuantWeight], act_bits: int = 15) -> X8Matmul:
+        return X8Matmul(pack_q5x8(parts), sum(p.out_features for p in parts), parts[0].in_features, act_bits,
+                        weight_bits=5)
 
     @staticmethod
     def from_q8x8_parts(parts: list[QuantWeight], act_bits: int = 15) -> X8Matmul:

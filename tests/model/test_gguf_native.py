@@ -266,23 +266,33 @@ def test_the_memory_guard_counts_what_each_weights_mode_holds(kernels, tmp_path,
 
 
 def test_the_memory_guard_counts_q5_0_as_the_form_auto_holds(tmp_path, fields, monkeypatch):
-    """Under `--weights auto` in bf16 where strata's quantized kernels run, Q5_0 projections are held in the
-    q8x8 form (34 bytes a block and column instead of 22): the guard counts the widening, and what
-    the layers hold of it stays within the count."""
+    """Under `--weights auto` in bf16 where strata's quantized kernels run, Q5_0 projections are
+    held in the q5x8 form (Q5_0's own 22 bytes a block and column), but Q5_0 fused with Q8_0 (a
+    q|k|v whose v is Q8_0, as llama.cpp's Q4_K_M writes them) in the q8x8 form (34 bytes): the
+    guard counts exactly that widening, and the layers hold exactly what it counts."""
     import os
 
     import strata.engine.build as build
     from strata.models.q4x8 import q8x8_faster
 
     require_quant_ops()
-    path = tiny_file(tmp_path, QT.Q5_0, fields, tied=False)
+    v = ("blk.0.attn_v.weight", random_blocks(QT.Q8_0, 128, HIDDEN, np.random.default_rng(3), rms=0.08), QT.Q8_0)
+    path = tiny_file(tmp_path, QT.Q5_0, fields, tied=False, odd=[v])
     plans = {}
     monkeypatch.setattr(build, "check_memory", lambda plan, *a: plans.setdefault(len(plans), plan))
     engine(path, "dense", "bfloat16")
     auto = engine(path, "auto", "bfloat16")
-    q5_0 = [t for t in GGUFReader(path).tensors if t.tensor_type == QT.Q5_0]
-    widened = sum(int(t.n_bytes) for t in q5_0) // 22 * 12 if q8x8_faster() else 0
-    assert plans[1].weight_bytes == plans[0].weight_bytes + os.path.getsize(path) + widened
-    held = sum(p.x8.num_bytes for layer in auto._model.layers for p in layer.fused.projections if p.x8 is not None)
-    layer_q5_0 = sum(int(t.n_bytes) for t in q5_0 if t.name.startswith("blk."))
-    assert held == (layer_q5_0 // 22 * 34 if q8x8_faster() else 0)
+    tensors = {t.name: t for t in GGUFReader(path).tensors}
+    fused = sum(int(tensors[f"blk.0.attn_{p}.weight"].n_bytes) for p in "qk") // 22  # Q5_0 blocks beside the v
+    assert plans[1].weight_bytes == plans[0].weight_bytes + os.path.getsize(path) + (fused * 12 if q8x8_faster() else 0)
+    forms = {(i, n): p.x8 for i, layer in enumerate(auto._model.layers)
+             for n, p in zip(("qkv", "o", "gate_up", "down"), layer.fused.projections)}
+    if not q8x8_faster():
+        assert all(x8 is None for x8 in forms.values())
+        return
+    assert forms[0, "qkv"].weight_bits == 8 and forms[1, "qkv"].weight_bits == 5
+    assert all(x8.weight_bits == 5 for (i, n), x8 in forms.items() if n != "qkv")
+    blocks = sum(int(t.n_bytes) // (34 if t.tensor_type == QT.Q8_0 else 22) for t in tensors.values()
+                 if t.name.startswith("blk.") and t.tensor_type in (QT.Q5_0, QT.Q8_0))
+    assert sum(x8.num_bytes for x8 in forms.values()) == (blocks - fused - 128 * HIDDEN // 32) * 22 + (
+        fused + 128 * HIDDEN // 32) * 34

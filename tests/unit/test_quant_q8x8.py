@@ -39,13 +39,15 @@ TYPES = (QT.Q8_0, QT.Q5_0)
 SIZES = {QT.Q8_0: 34, QT.Q5_0: 22}
 
 
-def q8x8_bound(x: np.ndarray, parts, w: np.ndarray, levels: int, bf16_out: bool, y: np.ndarray) -> np.ndarray:
+def q8x8_bound(x: np.ndarray, parts, w: np.ndarray, levels: int, bf16_out: bool, y: np.ndarray,
+               offset: int = 128) -> np.ndarray:
     """[rows, out]: the activation codes' rounding (amax / (2 levels) per |w|) plus float32
-    rounding over k / 32 blocks against the form's own terms, |d u| + |128 d| per value."""
+    rounding over k / 32 blocks against the form's own terms, |d u| + |offset d| per value
+    (c = -offset d: 128 for q8x8, 16 for q5x8)."""
     k = x.shape[1]
     d = np.concatenate([raw.reshape(raw.shape[0], -1, SIZES[q])[..., 0:2].copy().view(np.float16)[..., 0]
                         for q, raw in parts]).astype(np.float64)
-    c = np.repeat(128 * d, 32, axis=1)  # [out, k]: c = -128 d, so d u = w + 128 d
+    c = np.repeat(offset * d, 32, axis=1)  # [out, k]: c = -offset d, so d u = w + offset d
     magnitude = np.abs(w + c) + np.abs(c)
     amax = np.repeat(np.abs(x).reshape(x.shape[0], -1, 32).max(axis=2), 32, axis=1)
     tol = amax @ np.abs(w).T * (1 / (2 * levels) + 2.0 ** -22)
@@ -156,7 +158,7 @@ def test_the_head_reads_the_form_for_decode_rows_only(ops):
 def test_bad_arguments_are_errors(ops):
     raw = random_blocks(QT.Q8_0, 8, 64, 0.01, np.random.default_rng(0))
     packed = pack_q8x8(weights([(QT.Q8_0, raw)], 64))
-    with pytest.raises(RuntimeError, match="weight_bits 4 or 8"):
+    with pytest.raises(RuntimeError, match="weight_bits 4, 5 or 8"):
         ops.Quant4x8Linear(packed, 8, 64, 15, 6)
     with pytest.raises(RuntimeError, match="groups of 544 bytes"):
         ops.Quant4x8Linear(packed[:, :-1].contiguous(), 8, 64, 15, 8)
