@@ -12,12 +12,14 @@ dense copy), `--weights native` (the file's blocks only, at every step: the memo
 `--weights dense` (dequantised bf16 weights, as transformers holds them), `--weights auto`
 with $STRATA_Q4_KERNEL=x8 (`auto-x8`: Q4_0/Q4_1 decode rows on strata's x8 kernel, the
 default, named), with $STRATA_HEAD_KERNEL=int8 (`auto-int8head`: the head's decode rows on
-torch's int8 kernel, where auto would read the file's head in place: AVX2-only CPUs), and `--weights auto` with `--kv-pool-tokens` (the shared pool, sized as the 8 lanes' reservations; the
+torch's int8 kernel, where auto would read the file's head in place: AVX2-only CPUs), `auto-int8act`
+and `auto-int8kv` (8-bit activations for the x8 projections, int8 K/V: accuracy trades the
+defaults do not make, named as such), and `--weights auto` with `--kv-pool-tokens` (the shared pool, sized as the 8 lanes' reservations; the
 "pool / reserved" row shows what the pool costs at short contexts). transformers runs
 dense bf16; llama.cpp reads the file as it is.
 
     python benchmarks/decode.py [--model PATH] [--label TEXT] [--rounds 3] [--new 128] [--threads 2]
-                                [--strata auto,auto-x8,auto-int8head,auto-python-layers,native,dense,pool] [--peers transformers,llama.cpp] [--quick]
+                                [--strata auto,auto-x8,auto-int8head,auto-int8act,auto-int8kv,auto-python-layers,native,dense,pool] [--peers transformers,llama.cpp] [--quick]
 
 `--quick` runs strata's `--weights auto` arm alone (no peer: transformers and llama.cpp are
 measured in full runs only, and the output says so) on a 32-token prompt, 4 new tokens, one round.
@@ -50,6 +52,7 @@ LANES = 8
 KV_CHUNK = 128  # each lane reserves about what it uses, as transformers' static cache does
 # --strata value -> arm
 STRATA_ARMS = {"auto": "strata", "auto-x8": "strata-x8", "auto-int8head": "strata-int8head",
+               "auto-int8act": "strata-int8act", "auto-int8kv": "strata-int8kv",
                "auto-python-layers": "strata-python-layers", "native": "strata-native",
                "dense": "strata-dense",
                "pool": "strata-pool"}
@@ -60,6 +63,8 @@ def labels(label: str) -> dict[str, str]:
     return {"strata": f"strata {label} (--weights auto)", "strata-native": f"strata {label} (--weights native)",
             "strata-x8": f"strata {label} (--weights auto, STRATA_Q4_KERNEL=x8)",
             "strata-int8head": f"strata {label} (--weights auto, STRATA_HEAD_KERNEL=int8)",
+            "strata-int8act": f"strata {label} (--weights auto, STRATA_Q4_KERNEL=x8-int8: 8-bit activations, an accuracy trade)",
+            "strata-int8kv": f"strata {label} (--weights auto, --kv int8: an accuracy trade)",
             "strata-python-layers": f"strata {label} (--weights auto, layers on their Python path)",
             "strata-dense": "strata dense bf16 (--weights dense)",
             "strata-pool": f"strata {label}, pool (--kv-pool-tokens)", "transformers": "transformers dense bf16",
@@ -112,6 +117,7 @@ def arm_strata(args) -> dict:
     engine = Engine(EngineConfig(model=args.model, dtype="bfloat16", weights=args.weights,
                                  max_context=max_context(args),
                                  batch=LANES - 1, kv_chunk=KV_CHUNK, kv_pool_tokens=args.kv_pool_tokens,
+                                 kv=getattr(args, "kv", None),
                                  prefill_chunk=args.prompt, threads=args.threads,
                                  spec="off"),  # one token a step, as the peers decode (drafts: spec.py)
                     progress=False)
@@ -163,6 +169,20 @@ def arm_strata_int8head(args) -> dict:
     """The auto arm with the head's decode rows on torch's int8 kernel (models/head.py)."""
     os.environ["STRATA_HEAD_KERNEL"] = "int8"
     return arm_strata(args)
+
+
+def arm_strata_int8act(args) -> dict:
+    """The auto arm with 8-bit activations for the x8 projections ($STRATA_Q4_KERNEL=x8-int8,
+    llama.cpp's own activation width): less integer work a token, an accuracy trade the
+    default does not make."""
+    os.environ["STRATA_Q4_KERNEL"] = "x8-int8"
+    return arm_strata(args)
+
+
+def arm_strata_int8kv(args) -> dict:
+    """The auto arm with int8 K/V (`--kv int8`): half the K/V bytes a step reads, an accuracy
+    trade the default does not make."""
+    return arm_strata(argparse.Namespace(**{**vars(args), "kv": "int8"}))
 
 
 def arm_strata_python_layers(args) -> dict:
@@ -224,6 +244,7 @@ def arm_llamacpp(args) -> dict:
 
 
 ARMS = {"strata": arm_strata, "strata-x8": arm_strata_x8, "strata-int8head": arm_strata_int8head,
+        "strata-int8act": arm_strata_int8act, "strata-int8kv": arm_strata_int8kv,
         "strata-python-layers": arm_strata_python_layers,
         "strata-native": arm_strata_native,
         "strata-dense": arm_strata_dense,
