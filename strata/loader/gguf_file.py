@@ -239,13 +239,9 @@ def unpermute_qk(w: torch.Tensor, num_heads: int) -> torch.Tensor:
     return w.reshape(num_heads, head_dim // 2, 2, *rest).transpose(1, 2).reshape(out_features, *rest)
 
 
-def num_blocks(reader: GGUFReader, qtype: GGMLQuantizationType) -> int:
-    """How many blocks of `qtype` the file's tensors hold (its tensor table: no data read)."""
-    return sum(int(t.n_bytes) for t in reader.tensors if t.tensor_type == qtype) // GGML_QUANT_SIZES[qtype][1]
-
-
 # Tensors one projection reads side by side (models/llama.py, models/moe_block.py fuse them).
-FUSED_GROUPS = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"), ("ffn_gate_exps", "ffn_up_exps"))
+FUSED_GROUPS = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"), ("ffn_gate_exps", "ffn_up_exps"),
+                ("ffn_gate_shexp", "ffn_up_shexp"))
 
 
 def widened_q5_0_blocks(reader: GGUFReader) -> int:

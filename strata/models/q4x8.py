@@ -110,10 +110,9 @@ def _signed_codes(w: QuantWeight) -> tuple[np.ndarray, np.ndarray]:
 
 
 def q8x8_faster() -> bool:
-    """Whether Q8_0 and Q5_0 decode rows read the q8x8 form rather than the file's blocks
-    (models/linear.py): wherever strata's quantized kernels run, AVX-512 VNNI or AVX2 (the AVX2
-    variant sums the 8-bit codes by sign: a layer at 1 row in half the file blocks' time, and
-    the Q4_K_M file's whole decode step faster at 1 and 8 lanes, docs/benchmarks.md)."""
+    """Whether Q8_0 and Q5_0 decode rows read the x8 kernel's forms (q5x8 for Q5_0 alone, q8x8
+    otherwise) rather than the file's blocks (models/linear.py): wherever strata's quantized
+    kernels run, AVX-512 VNNI or AVX2 (docs/benchmarks.md measures both against the blocks)."""
     return load_quant_ops() is not None
 
 
