@@ -29,7 +29,7 @@ from strata.loader.tokenizer import Tokenizer
 from strata.models.config import ModelConfig
 from strata.models.fused import load_quant_ops
 from strata.models.llama import LlamaModel
-from strata.models.q4x8 import Q8_RECORD, q8x8_faster
+from strata.models.q4x8 import Q8_RECORD
 from strata.engine.expert_cache import attach_expert_cache
 from strata.runner.runner import ModelRunner
 
@@ -120,10 +120,10 @@ def _weight_bytes(config: EngineConfig, load: ModelLoad) -> int:
 
 def _widened_bytes(load: ModelLoad, dtype: str) -> int:
     """Bytes `--weights auto` holds beyond a file's blocks: where decode rows read Q5_0 fused
-    with Q8_0 through the q8x8 form (bfloat16 wherever strata's quantized kernels run,
-    models/linear.py), each such 22-byte block becomes 34 (Q5_0 alone keeps its 22 in the q5x8
+    with Q8_0 through the q8x8 form (bfloat16, where strata's quantized kernels run: the
+    caller's `in_place`; models/linear.py), each such 22-byte block becomes 34 (Q5_0 alone keeps its 22 in the q5x8
     form; the loader counts the blocks from the tensor table, gguf_file.widened_q5_0_blocks)."""
-    if dtype != "bfloat16" or not q8x8_faster():
+    if dtype != "bfloat16":
         return 0
     q5_0 = GGMLQuantizationType.Q5_0
     return load.widened_q5_0_blocks * (Q8_RECORD // 8 - GGML_QUANT_SIZES[q5_0][1])  # a record holds 8 columns' block

@@ -66,7 +66,7 @@ def cache_dir() -> str | None:
 
 def quant_isa() -> str | None:
     """The quantized kernels' instruction set in this process (None: not loaded): which forms
-    --weights auto builds follows it (models/q4x8.py q8x8_faster, models/head.py)."""
+    --weights auto builds follows it (models/linear.py, models/head.py)."""
     ops = load_quant_ops()
     return ops.quant_isa() if ops is not None else None
 

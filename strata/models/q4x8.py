@@ -109,13 +109,6 @@ def _signed_codes(w: QuantWeight) -> tuple[np.ndarray, np.ndarray]:
     return d, low + 16 * high - 16
 
 
-def q8x8_faster() -> bool:
-    """Whether Q8_0 and Q5_0 decode rows read the x8 kernel's forms (q5x8 for Q5_0 alone, q8x8
-    otherwise) rather than the file's blocks (models/linear.py): wherever strata's quantized
-    kernels run, AVX-512 VNNI or AVX2 (docs/benchmarks.md measures both against the blocks)."""
-    return load_quant_ops() is not None
-
-
 def pack_q8x8(parts: list[QuantWeight]) -> torch.Tensor:
     """uint8 [ceil(out / 8), in / 32 * 272]: `parts` (Q8_0/Q5_0, same in) side by side, q8x8 form."""
     if not parts or any(p.qtype not in Q8X8_TYPES for p in parts) or parts[0].in_features % 32:

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from strata.config import EngineConfig
 from strata.engine.engine import Engine
 from strata.models.fused_layer import quantized_form
-from strata.models.q4x8 import Q8X8_TYPES, q8x8_faster
+from strata.models.q4x8 import Q8X8_TYPES
 from strata.sampling import SamplingParams
 from tests.conftest import FUSED_ONLY
 from tests.model.engine_runs import run_requests
@@ -129,7 +129,7 @@ def test_layers_reading_the_files_blocks_are_their_python_path_bit_for_bit(  # n
     layers = engine._model.layers  # the file's blocks, or (Q8_0, Q5_0 in bf16 auto) their q8x8 form
     assert all(layer.fused is not None and all(quantized_form(p) is not None for p in layer.fused.projections)
                for layer in layers)
-    q8x8 = qtype in Q8X8_TYPES and dtype == "bfloat16" and weights == "auto" and q8x8_faster()
+    q8x8 = qtype in Q8X8_TYPES and dtype == "bfloat16" and weights == "auto"
     assert all((p.x8 is not None) == q8x8 for layer in layers for p in layer.fused.projections)
     g = torch.Generator().manual_seed(int(qtype))
     prompts = [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in (5, 17, 30)]

@@ -273,7 +273,6 @@ def test_the_memory_guard_counts_q5_0_as_the_form_auto_holds(tmp_path, fields, m
     import os
 
     import strata.engine.build as build
-    from strata.models.q4x8 import q8x8_faster
 
     require_quant_ops()
     v = ("blk.0.attn_v.weight", random_blocks(QT.Q8_0, 128, HIDDEN, np.random.default_rng(3), rms=0.08), QT.Q8_0)
@@ -284,12 +283,9 @@ def test_the_memory_guard_counts_q5_0_as_the_form_auto_holds(tmp_path, fields, m
     auto = engine(path, "auto", "bfloat16")
     tensors = {t.name: t for t in GGUFReader(path).tensors}
     fused = sum(int(tensors[f"blk.0.attn_{p}.weight"].n_bytes) for p in "qk") // 22  # Q5_0 blocks beside the v
-    assert plans[1].weight_bytes == plans[0].weight_bytes + os.path.getsize(path) + (fused * 12 if q8x8_faster() else 0)
+    assert plans[1].weight_bytes == plans[0].weight_bytes + os.path.getsize(path) + fused * 12
     forms = {(i, n): p.x8 for i, layer in enumerate(auto._model.layers)
              for n, p in zip(("qkv", "o", "gate_up", "down"), layer.fused.projections)}
-    if not q8x8_faster():
-        assert all(x8 is None for x8 in forms.values())
-        return
     assert forms[0, "qkv"].weight_bits == 8 and forms[1, "qkv"].weight_bits == 5
     assert all(x8.weight_bits == 5 for (i, n), x8 in forms.items() if n != "qkv")
     blocks = sum(int(t.n_bytes) // (34 if t.tensor_type == QT.Q8_0 else 22) for t in tensors.values()
