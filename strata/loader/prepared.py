@@ -131,7 +131,7 @@ def save(key: str, prepared: PreparedModel) -> None:
             if os.path.exists(tmp):
                 os.unlink(tmp)
         trim(folder)
-    except OSError as exc:
+    except (OSError, RuntimeError) as exc:  # torch.save reports a full disk as a RuntimeError
         log.warning("could not write the prepared-model cache in %s (%s)", folder, exc)
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
+import signal
 
 import pytest
 import torch
@@ -96,6 +98,23 @@ def test_a_damaged_entry_is_rebuilt(cache, caplog):
         e = engine()
     assert not e.info.loaded_from_cache and "unreadable" in caplog.text
     assert engine().info.loaded_from_cache  # the rebuilt entry is whole again
+
+
+def test_a_full_disk_leaves_no_entry_and_the_model_loads(cache, caplog):
+    """Writes past 1 MiB fail (RLIMIT_FSIZE, as a full disk does): a warning, no file, same tokens."""
+    require_default_model()
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead
+    try:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, hard))
+        with caplog.at_level(logging.WARNING, logger="strata.loader"):
+            e = engine()
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, old_handler)
+    assert not e.info.loaded_from_cache and "could not write the prepared-model cache" in caplog.text
+    assert os.listdir(cache) == []  # the partial entry is gone
+    assert greedy(e) == greedy(engine())
 
 
 def test_keys_follow_the_file_and_the_build(cache, tmp_path):
