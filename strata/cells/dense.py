@@ -53,6 +53,9 @@ class DenseCells:
     def kernel_reads(self, dtype: torch.dtype) -> tuple[torch.Tensor, ...] | None:
         return (self.data,) if self.data.dtype == dtype else None
 
+    def kernel_scaled_reads(self) -> None:
+        return None  # stored unscaled: `kernel_reads`
+
     def write_targets(self, v: DenseCells, index: torch.Tensor, dtype: torch.dtype
                       ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]] | None:
         k_view, v_view = self.kernel_view(dtype), v.kernel_view(dtype)

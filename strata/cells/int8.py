@@ -3,8 +3,9 @@
 One layer's K (or V) is `Int8Cells`: `data` int8 [kv_heads, cells, head_dim] and `scale`
 float16 [kv_heads, cells], scale = absmax / 127 over the head's `head_dim` values of
 the cell. A cell is quantised when attention writes it and dequantised (int8 x scale,
-in the compute dtype) by every read right before attention; every read path
-dequantises the same stored values, so greedy output stays the same across layouts.
+in the compute dtype) by every read: torch's reads right before attention, the fused decode
+attention (strata/csrc/decode_attention.cpp) as it reads each cell in place. Every read path
+dequantises the same stored values to the same numbers.
 
 Bytes per cell and layer: 2 (K and V) x kv_heads x (head_dim + 2); for SmolLM2-135M
 (30 layers, 3 heads of 64) 30 x 2 x 3 x 66 = 11,880 bytes against 23,040 in bf16 (51.6 %).
@@ -74,10 +75,13 @@ class Int8Cells:
                           strided(self.scale, first, distance, num_slots, num_cells), dtype)
 
     def kernel_view(self, dtype: torch.dtype) -> torch.Tensor | None:
-        return None  # the fused kernels read the compute dtype; int8 is dequantised where read
+        return None  # not stored in a compute dtype: the fused decode attention reads `kernel_scaled_reads`
 
     def kernel_reads(self, dtype: torch.dtype) -> tuple[torch.Tensor, ...] | None:
         return None
+
+    def kernel_scaled_reads(self) -> tuple[tuple[torch.Tensor], tuple[torch.Tensor]]:
+        return (self.data,), (self.scale,)
 
     def write_targets(self, v: Int8Cells, index: torch.Tensor, dtype: torch.dtype) -> None:
         return None  # quantised on the write (`write`)

@@ -45,6 +45,12 @@ class Cells(Protocol):
         [kv_heads, cells, head_dim], or two whose flat cells continue each other (the second's
         cell 0 is the first's cell count: the ring's staging after its arena); None otherwise."""
 
+    def kernel_scaled_reads(self) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]] | None:
+        """What the fused decode attention reads in place from int8 cells: (storages int8
+        [kv_heads, cells, head_dim], their float16 scales [kv_heads, cells]), one storage or two
+        as in `kernel_reads`, read as int8 x scale rounded to the compute dtype (`Int8Cells.read`'s
+        values). None for cells not stored so."""
+
     def write_targets(self, v: Cells, index: torch.Tensor, dtype: torch.dtype
                       ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]] | None:
         """Where the fused rope-write (models/fused.py `rope_write`) stores the step's new K (here)

@@ -108,6 +108,13 @@ class RingCells:
         arena, staging = self.arena.kernel_view(dtype), self.staging.kernel_view(dtype)
         return None if arena is None or staging is None else (arena, staging)
 
+    def kernel_scaled_reads(self) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]] | None:
+        """int8 arena and staging: their storages and scales, as `kernel_reads`."""
+        arena, staging = self.arena.kernel_scaled_reads(), self.staging.kernel_scaled_reads()
+        if arena is None or staging is None:
+            return None
+        return (arena[0][0], staging[0][0]), (arena[1][0], staging[1][0])
+
     def write(self, index: Tensor, x: Tensor) -> None:
         """x [kv_heads, len(index), head_dim] into virtual cells `index` (split by the step
         beforehand into `writes`, so no device sync here) and into its pool cells."""

@@ -17,11 +17,15 @@ constexpr int64_t MAX_DIM = 256;
 struct Segment {
   const void* k;  // the first cell's key row (one K/V head), `count` cells `cell_stride` apart
   const void* v;  // its value row, the same way
+  // int8 cells: the first cell's float16 scale (bits) of its key and of its value row, the
+  // next cells' following it; null for float cells.
+  const uint16_t* k_scale;
+  const uint16_t* v_scale;
   int64_t count;
 };
 
 // One task: query heads qf[group][dim] (float32, scaled) over one block's segments of K/V
-// (float32, or bfloat16 as uint16_t bits), `len` positions. Writes part[g * (dim + 2) ...] =
+// (float32, bfloat16 as uint16_t bits, or int8 with a float16 scale per cell), `len` positions. Writes part[g * (dim + 2) ...] =
 // (max, sum of exp, dim sums of exp * v). A block's segments may lie in different storages.
 using BlockF32 = void (*)(const float* qf, int64_t group, int64_t dim, int64_t cell_stride, const Segment* seg,
                           int nseg, int64_t len, float* part);
@@ -31,6 +35,8 @@ struct Kernels {
   const char* name;
   BlockF32 f32;
   BlockBF16 bf16;
+  BlockF32 i8_f32;  // int8 cells dequantised to float32 (int8 x scale)
+  BlockF32 i8_bf16;  // the same rounded to bfloat16, as a bfloat16 model's reads of int8 cells
 };
 
 const Kernels& avx2_kernels();

@@ -1,8 +1,11 @@
 // Decode attention over spans of K/V storage, for every decoding lane in one call.
 //
-//   decode_attention(q, k_cache, v_cache, spans, row_spans, scale, k_more=None, v_more=None) -> out
+//   decode_attention(q, k_cache, v_cache, spans, row_spans, scale, k_more=None, v_more=None,
+//                    k_scales=[], v_scales=[]) -> out
 //     q         [rows, heads, dim]: one query row per lane (rows may be strided; dim contiguous)
-//     k_cache   [kv_heads, cells, dim], v_cache the same: storage, dim contiguous
+//     k_cache   [kv_heads, cells, dim], v_cache the same: storage, dim contiguous; q's dtype,
+//               or int8 with k_scales/v_scales: float16 [kv_heads, cells] per storage (k_cache's,
+//               then k_more's), cells contiguous, read as int8 x scale rounded to q's dtype
 //     k_more    optional second storage [kv_heads, more cells, dim] (v_more the same) with the
 //               same cell stride: flat cells cells .. cells + more - 1 are its cells 0 .. more - 1
 //               (the ring's staging beside its arena); a span lies in one storage
@@ -47,9 +50,13 @@ using attn::Segment;
 struct HeadRows {
   const char* k[2];
   const char* v[2];
+  const uint16_t* ks[2];  // int8 cells' scales (float16 bits), one per cell; null for float cells
+  const uint16_t* vs[2];
   int64_t split, cell_bytes;
   const void* key(int64_t c) const { return c < split ? k[0] + c * cell_bytes : k[1] + (c - split) * cell_bytes; }
   const void* value(int64_t c) const { return c < split ? v[0] + c * cell_bytes : v[1] + (c - split) * cell_bytes; }
+  const uint16_t* key_scale(int64_t c) const { return ks[0] == nullptr ? nullptr : c < split ? ks[0] + c : ks[1] + (c - split); }
+  const uint16_t* value_scale(int64_t c) const { return vs[0] == nullptr ? nullptr : c < split ? vs[0] + c : vs[1] + (c - split); }
 };
 
 // The storage segments of positions [from, to) of a row whose spans are `spans[0 .. n)`.
@@ -59,7 +66,10 @@ int cut(const int64_t* spans, int64_t n, int64_t from, int64_t to, const HeadRow
   for (int64_t s = 0; s < n && pos < to; ++s) {
     const int64_t first = spans[2 * s], count = spans[2 * s + 1];
     const int64_t a = std::max(from, pos), b = std::min(to, pos + count);
-    if (a < b) out[m++] = {head.key(first + (a - pos)), head.value(first + (a - pos)), b - a};
+    if (a < b) {
+      const int64_t c = first + (a - pos);
+      out[m++] = {head.key(c), head.value(c), head.key_scale(c), head.value_scale(c), b - a};
+    }
     pos += count;
   }
   return m;
@@ -82,32 +92,45 @@ std::atomic<const attn::Kernels*>& chosen() {
   return kernels;
 }
 
-inline attn::BlockF32 block_kernel(const attn::Kernels& kern, float) { return kern.f32; }
-inline attn::BlockF32 block_kernel(const attn::Kernels& kern, c10::BFloat16) { return kern.bf16; }
+// The block work for q's dtype over cells of q's dtype, or over int8 cells (`int8`).
+inline attn::BlockF32 block_kernel(const attn::Kernels& kern, float, bool int8) { return int8 ? kern.i8_f32 : kern.f32; }
+inline attn::BlockF32 block_kernel(const attn::Kernels& kern, c10::BFloat16, bool int8) {
+  return int8 ? kern.i8_bf16 : kern.bf16;
+}
+
+// Head h's row of a [kv_heads, cells] scale tensor (null: none).
+const uint16_t* scale_row(const std::vector<torch::Tensor>& scales, size_t i, int64_t h) {
+  if (scales.empty()) return nullptr;
+  const torch::Tensor& s = scales[std::min(i, scales.size() - 1)];
+  return reinterpret_cast<const uint16_t*>(s.data_ptr<at::Half>()) + h * s.stride(0);
+}
 
 // K/V head h's rows: storage 0 (`cache`), then storage 1 (`more`, or none) past its cells.
 HeadRows head_rows(const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor* k_more,
-                   const torch::Tensor* v_more, int64_t h) {
+                   const torch::Tensor* v_more, const std::vector<torch::Tensor>& k_scales,
+                   const std::vector<torch::Tensor>& v_scales, int64_t h) {
   const int64_t es = k.element_size();
   const char* k0 = static_cast<const char*>(k.data_ptr()) + h * k.stride(0) * es;
   const char* v0 = static_cast<const char*>(v.data_ptr()) + h * v.stride(0) * es;
   const char* k1 = k_more ? static_cast<const char*>(k_more->data_ptr()) + h * k_more->stride(0) * es : k0;
   const char* v1 = v_more ? static_cast<const char*>(v_more->data_ptr()) + h * v_more->stride(0) * es : v0;
-  return HeadRows{{k0, k1}, {v0, v1}, k.size(1), k.stride(1) * es};
+  return HeadRows{{k0, k1}, {v0, v1}, {scale_row(k_scales, 0, h), scale_row(k_scales, 1, h)},
+                  {scale_row(v_scales, 0, h), scale_row(v_scales, 1, h)}, k.size(1), k.stride(1) * es};
 }
 
 template <typename scalar_t>
 void run(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-         const torch::Tensor* k_more, const torch::Tensor* v_more, const int64_t* sp, const int64_t* rs,
+         const torch::Tensor* k_more, const torch::Tensor* v_more, const std::vector<torch::Tensor>& k_scales,
+         const std::vector<torch::Tensor>& v_scales, const int64_t* sp, const int64_t* rs,
          double scale, int64_t rows, int64_t heads, int64_t dim, int64_t kv_heads, int64_t group,
          const std::vector<int64_t>& length, const std::vector<int64_t>& blocks,
          const std::vector<int64_t>& task_first, std::vector<float>& parts, torch::Tensor& out) {
   const int64_t tasks = task_first[rows], stride = dim + 2;
-  const attn::BlockF32 block = block_kernel(*chosen().load(), scalar_t{});
+  const attn::BlockF32 block = block_kernel(*chosen().load(), scalar_t{}, !k_scales.empty());
     const scalar_t* qp = q.data_ptr<scalar_t>();
     const int64_t cell_stride = k_cache.stride(1);
     std::vector<HeadRows> head(kv_heads);
-    for (int64_t h = 0; h < kv_heads; ++h) head[h] = head_rows(k_cache, v_cache, k_more, v_more, h);
+    for (int64_t h = 0; h < kv_heads; ++h) head[h] = head_rows(k_cache, v_cache, k_more, v_more, k_scales, v_scales, h);
     at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
       alignas(32) float qf[MAX_GROUP * MAX_DIM];
       Segment seg[BLOCK];
@@ -151,12 +174,26 @@ void run(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tens
 
 torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor spans,
                                torch::Tensor row_spans, double scale, c10::optional<torch::Tensor> k_more,
-                               c10::optional<torch::Tensor> v_more) {
+                               c10::optional<torch::Tensor> v_more, std::vector<torch::Tensor> k_scales,
+                               std::vector<torch::Tensor> v_scales) {
   const int64_t rows = q.size(0), heads = q.size(1), dim = q.size(2);
   const int64_t kv_heads = k_cache.size(0), split = k_cache.size(1);
   TORCH_CHECK(q.stride(2) == 1 && k_cache.stride(2) == 1 && v_cache.stride(2) == 1, "decode_attention: dim not contiguous");
   TORCH_CHECK(k_cache.strides() == v_cache.strides() && k_cache.sizes() == v_cache.sizes(), "decode_attention: k and v differ");
-  TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && q.scalar_type() == v_cache.scalar_type(), "decode_attention: dtypes differ");
+  // int8 cells come with a scale tensor per storage, for K and V alike; float cells in q's dtype
+  const at::ScalarType cell_type = k_scales.empty() ? q.scalar_type() : at::kChar;
+  TORCH_CHECK(cell_type == k_cache.scalar_type() && cell_type == v_cache.scalar_type(),
+              "decode_attention: K/V must be q's dtype, or int8 with k_scales and v_scales");
+  const size_t storages = k_more ? 2 : 1;
+  TORCH_CHECK(k_scales.size() == v_scales.size() && (k_scales.empty() || k_scales.size() == storages),
+              "decode_attention: one k and one v scale tensor per storage");
+  for (size_t i = 0; i < k_scales.size(); ++i) {
+    const torch::Tensor& cells = i == 0 ? k_cache : *k_more;
+    for (const torch::Tensor* s : {&k_scales[i], &v_scales[i]})
+      TORCH_CHECK(s->scalar_type() == at::kHalf && s->dim() == 2 && s->size(0) == kv_heads &&
+                      s->size(1) == cells.size(1) && s->stride(1) == 1,
+                  "decode_attention: scales must be float16 [kv_heads, cells], cells contiguous");
+  }
   TORCH_CHECK(k_more.has_value() == v_more.has_value(), "decode_attention: k_more and v_more come together");
   int64_t cells = split;
   if (k_more) {
@@ -165,7 +202,7 @@ torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Te
     TORCH_CHECK(km.sizes() == vm.sizes() && km.strides() == vm.strides(), "decode_attention: k_more and v_more differ");
     TORCH_CHECK(km.dim() == 3 && km.size(0) == kv_heads && km.size(2) == dim && km.stride(2) == 1 &&
                     km.stride(1) == k_cache.stride(1), "decode_attention: k_more's heads, dim or cell stride");
-    TORCH_CHECK(km.scalar_type() == q.scalar_type() && vm.scalar_type() == q.scalar_type(), "decode_attention: dtypes differ");
+    TORCH_CHECK(km.scalar_type() == cell_type && vm.scalar_type() == cell_type, "decode_attention: dtypes differ");
     cells += km.size(1);
   }
   TORCH_CHECK(heads % kv_heads == 0 && heads / kv_heads <= MAX_GROUP, "decode_attention: query heads per K/V head");
@@ -196,9 +233,9 @@ torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Te
   const torch::Tensor* vm = v_more ? &*v_more : nullptr;
   TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16, "decode_attention: float32 or bfloat16");
   AT_DISPATCH_SWITCH(q.scalar_type(), "decode_attention", AT_DISPATCH_CASE(at::kFloat, [&] {
-    run<scalar_t>(q, k_cache, v_cache, km, vm, sp, rs, scale, rows, heads, dim, kv_heads, group, length, blocks, task_first, parts, out);
+    run<scalar_t>(q, k_cache, v_cache, km, vm, k_scales, v_scales, sp, rs, scale, rows, heads, dim, kv_heads, group, length, blocks, task_first, parts, out);
   }) AT_DISPATCH_CASE(at::kBFloat16, [&] {
-    run<scalar_t>(q, k_cache, v_cache, km, vm, sp, rs, scale, rows, heads, dim, kv_heads, group, length, blocks, task_first, parts, out);
+    run<scalar_t>(q, k_cache, v_cache, km, vm, k_scales, v_scales, sp, rs, scale, rows, heads, dim, kv_heads, group, length, blocks, task_first, parts, out);
   }));
   return out;
 }

@@ -12,8 +12,8 @@
 //       in that copy), returns q [tokens, heads, dim]
 //   silu_mul(gate_up)                      gate_up [rows, 2 n] -> silu(gate) * up [rows, n]
 //   DecodeLayer: a decoder layer's decode step from these ops in one call (decode_layer.cpp)
-//   decode_attention(q, k_cache, v_cache, spans, row_spans, scale, k_more=None, v_more=None)
-//       (decode_attention.cpp; k_more/v_more: a second storage past the first's cells)
+//   decode_attention(q, k_cache, v_cache, spans, row_spans, scale, k_more=None, v_more=None, k_scales=[], v_scales=[])
+//       (decode_attention.cpp; k_more/v_more: a second storage past the first's cells; the scales: int8 cells')
 //   copy_cells(dsts, srcs, runs)          the ring's page copies in one call (copy_cells.cpp)
 //   attention_isa, attention_isas, set_attention_isa: its instruction set (AVX-512 or AVX2)
 //   QuantLinear, Quant4x8Linear, quant_matmul, quant_dequant_rows, quant_isa, quant_isas, set_quant_isa:
@@ -231,7 +231,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   strata::bind_copy_cells(m);
   m.def("decode_attention", &strata::decode_attention, strata::NoGil(), py::arg("q"), py::arg("k_cache"), py::arg("v_cache"),
         py::arg("spans"), py::arg("row_spans"), py::arg("scale"), py::arg("k_more") = py::none(),
-        py::arg("v_more") = py::none());
+        py::arg("v_more") = py::none(), py::arg("k_scales") = std::vector<torch::Tensor>{},
+        py::arg("v_scales") = std::vector<torch::Tensor>{});
   m.def("attention_isa", &strata::attention_isa);
   m.def("attention_isas", &strata::attention_isas);
   m.def("set_attention_isa", &strata::set_attention_isa);

@@ -21,7 +21,8 @@ torch::Tensor rope_write(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin
 torch::Tensor silu_mul(torch::Tensor gate_up);
 torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor spans,
                                torch::Tensor row_spans, double scale, c10::optional<torch::Tensor> k_more,
-                               c10::optional<torch::Tensor> v_more);
+                               c10::optional<torch::Tensor> v_more, std::vector<torch::Tensor> k_scales = {},
+                               std::vector<torch::Tensor> v_scales = {});
 std::string attention_isa();
 std::vector<std::string> attention_isas();
 void set_attention_isa(const std::string& name);

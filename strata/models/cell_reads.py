@@ -124,20 +124,26 @@ class DecodeGather:
 class DecodeSpans:
     """Row r's cells are spans[row_spans[r] : row_spans[r + 1]], each (first flat cell, cells),
     in position order: any layout, read in place, no padding or mask. The caches' kernel reads
-    (cells stored in the compute dtype: the runner uses this read only then): one storage, or
-    the ring's arena and staging, whose flat cells continue each other."""
+    (cells stored in the compute dtype, or int8 with their scales: the runner uses this read
+    only then): one storage, or the ring's arena and staging, whose flat cells continue each other."""
 
     kind: ClassVar[str] = "spans"
     row_start: int
     num_rows: int
     spans: torch.Tensor  # [runs, 2] long
     row_spans: torch.Tensor  # [rows + 1] long
-    kernel: Callable  # the fused ops' decode_attention(q, k, v, spans, row_spans, scale)
+    kernel: Callable  # the fused ops' decode_attention(q, k, v, spans, row_spans, scale, ...)
 
     def attend(self, q: torch.Tensor, k_cache: Cache, v_cache: Cache) -> torch.Tensor:
+        scale = q.shape[-1] ** -0.5
         k, v = k_cache.kernel_reads(q.dtype), v_cache.kernel_reads(q.dtype)
-        assert k is not None and v is not None, "fused decode reads need cells stored in the compute dtype"
-        return self.kernel(q, k[0], v[0], self.spans, self.row_spans, q.shape[-1] ** -0.5, *k[1:], *v[1:])
+        if k is not None and v is not None:
+            return self.kernel(q, k[0], v[0], self.spans, self.row_spans, scale, *k[1:], *v[1:])
+        ks, vs = k_cache.kernel_scaled_reads(), v_cache.kernel_scaled_reads()
+        assert ks is not None and vs is not None, "fused decode reads need cells in the compute dtype, or int8"
+        (k, k_scales), (v, v_scales) = ks, vs
+        return self.kernel(q, k[0], v[0], self.spans, self.row_spans, scale, *k[1:], *v[1:],
+                           k_scales=list(k_scales), v_scales=list(v_scales))
 
     def to(self, device: torch.device) -> DecodeSpans:
         return self  # CPU only

@@ -228,11 +228,11 @@ class LlamaModel:
 
     def decode_attention_kernel(self, kv_dtype: torch.dtype) -> Callable | None:
         """The fused decode attention over spans (`DecodeSpans`) where it applies: the fused ops
-        loaded (every layer on the CPU), K/V stored in the compute dtype (float32 or bfloat16),
-        a head dim that is a multiple of 16 up to 256, at most 16 query heads per K/V head.
-        Else None: the torch reads."""
+        loaded (every layer on the CPU), a compute dtype of float32 or bfloat16, K/V stored in it
+        or in int8 (`--kv int8`), a head dim that is a multiple of 16 up to 256, at most 16 query
+        heads per K/V head. Else None: the torch reads."""
         cfg = self.cfg
-        if self.ops is None or kv_dtype != self.dtype or self.dtype not in (torch.float32, torch.bfloat16):
+        if self.ops is None or kv_dtype not in (self.dtype, torch.int8) or self.dtype not in (torch.float32, torch.bfloat16):
             return None
         if cfg.head_dim % 16 or cfg.head_dim > 256 or cfg.num_heads // cfg.num_kv_heads > 16:
             return None
@@ -250,7 +250,7 @@ class LlamaModel:
         choice = prompt_attention_from_env()
         if choice == "sdpa":
             return None
-        ok = (self.dtype == torch.bfloat16 and self.cfg.head_dim % 32 == 0
+        ok = (self.dtype == torch.bfloat16 and kv_dtype == self.dtype and self.cfg.head_dim % 32 == 0
               and self.decode_attention_kernel(kv_dtype) is not None
               and hasattr(self.ops, "prompt_attention") and self.ops.amx_available())
         if not ok and choice == "amx":
