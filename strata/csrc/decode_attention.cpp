@@ -98,7 +98,8 @@ inline attn::BlockF32 block_kernel(const attn::Kernels& kern, c10::BFloat16, boo
   return int8 ? kern.i8_bf16 : kern.bf16;
 }
 
-// Head h's row of a [kv_heads, cells] scale tensor (null: none).
+// Head h's row of storage i's [kv_heads, cells] scales (null: float cells). With one storage,
+// storage 1 names storage 0's, as head_rows' k1/v1 do.
 const uint16_t* scale_row(const std::vector<torch::Tensor>& scales, size_t i, int64_t h) {
   if (scales.empty()) return nullptr;
   const torch::Tensor& s = scales[std::min(i, scales.size() - 1)];

@@ -15,6 +15,7 @@ from gguf.constants import GGML_QUANT_SIZES
 
 from strata.errors import LoaderError
 from strata.models.config import MOE_ARCHITECTURES, ModelConfig
+from strata.models.q4x8 import x8_form
 
 # GGUF architecture -> Hugging Face model_type.
 # (`llama` with experts is Mixtral: loader/gguf_moe.py.)
@@ -246,9 +247,9 @@ FUSED_GROUPS = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"), ("ffn_ga
 
 def widened_q5_0_blocks(reader: GGUFReader) -> int:
     """Q5_0 blocks that `--weights auto` holds in the q8x8 form (34 bytes a block, not 22): those
-    of a projection whose parts mix Q5_0 and Q8_0 (models/linear.py; Q5_0 alone keeps its size
-    in the q5x8 form). From the tensor table: no data read."""
-    q5_0, q8_0 = GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q8_0
+    of a projection whose parts mix Q5_0 and Q8_0 (q4x8.x8_form, as models/linear.py chooses;
+    Q5_0 alone keeps its size in the q5x8 form). From the tensor table: no data read."""
+    q5_0 = GGMLQuantizationType.Q5_0
     types = {t.name: t.tensor_type for t in reader.tensors}
     blocks = 0
     for t in reader.tensors:
@@ -257,6 +258,6 @@ def widened_q5_0_blocks(reader: GGUFReader) -> int:
         prefix, _, rest = t.name.rpartition(".weight")[0].rpartition(".")
         group = next((g for g in FUSED_GROUPS if rest in g), (rest,))
         parts = [types.get(f"{prefix}.{n}.weight") for n in group]
-        if q8_0 in parts and all(p in (q5_0, q8_0) for p in parts):
+        if x8_form(parts) == "q8x8":
             blocks += int(t.n_bytes) // GGML_QUANT_SIZES[q5_0][1]
     return blocks

@@ -36,13 +36,12 @@ from collections.abc import MutableMapping, Sequence
 
 import torch
 import torch.nn.functional as F
-from gguf import GGMLQuantizationType as QT
 
 from strata.models.fused import load_quant_ops
 from strata.config import q4_kernel_from_env
 from strata.models.q4 import GROUP, Q4_TYPES, Q4Weight, pack_for_cpu, q4_from_blocks
 from strata.models.packed import PackedWeight, packs_weights
-from strata.models.q4x8 import Q8X8_TYPES, X8Matmul
+from strata.models.q4x8 import X8Matmul, x8_form
 from strata.models.quant import QuantMatmul, QuantWeight
 from strata.models.rows import RowKinds, dense_rows, linear, rows_alike, small_rows
 
@@ -179,11 +178,11 @@ def fused_linear(
                 return Linear(all_dense(), bias, max_rows=rows, x8=x8)
             q4 = Q4Weight.cat([q4_from_blocks(q.raw.numpy(), q.qtype, (q.out_features, q.in_features)) for q in quant])
             return Linear(all_dense(), bias, int4=pack_for_cpu(q4, dtype), max_rows=rows)
-        if dtype == torch.bfloat16 and all(q.qtype in Q8X8_TYPES for q in quant):
+        form = x8_form([q.qtype for q in quant]) if dtype == torch.bfloat16 else None
+        if form is not None:
             act_bits = 8 if q4_kernel_from_env() == "x8-int8" else 15
-            x8 = (X8Matmul.from_q5x8_parts(quant, act_bits) if all(q.qtype == QT.Q5_0 for q in quant)
-                  else X8Matmul.from_q8x8_parts(quant, act_bits))
-            return Linear(all_dense(), bias, max_rows=rows, x8=x8)
+            make = X8Matmul.from_q5x8_parts if form == "q5x8" else X8Matmul.from_q8x8_parts
+            return Linear(all_dense(), bias, max_rows=rows, x8=make(quant, act_bits))
         return Linear(all_dense(), bias, QuantMatmul(quant), max_rows=rows)
     runs: list[Linear] = []
     i = 0

@@ -45,6 +45,15 @@ Q5_RECORD = 176  # the same for the q5x8 form (quant.h: X8Q5_RECORD_BYTES)
 Q8_RECORD = 272  # the same for the q8x8 form (quant.h: X8Q8_RECORD_BYTES)
 
 
+def x8_form(qtypes) -> str | None:
+    """The x8 form a bfloat16 projection fused from parts of `qtypes` reads at decode rows:
+    "q5x8" for Q5_0 alone (its own 22 bytes a block and column), "q8x8" for Q8_0 or Q5_0 beside
+    Q8_0 (a Q5_0 block widened to 34), None for any other type (or a missing part: None)."""
+    if not qtypes or not all(t in Q8X8_TYPES for t in qtypes):
+        return None
+    return "q5x8" if all(t == QT.Q5_0 for t in qtypes) else "q8x8"
+
+
 def _fields(w: QuantWeight) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(d, c) float16 [out, blocks] and qs uint8 [out, blocks, 16] of a Q4_0 or Q4_1 weight."""
     blocks = w.raw.numpy().reshape(w.out_features, w.in_features // 32, -1)
