@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from strata.cells.protocol import WriteTargets
+
 
 def strided(t: torch.Tensor, first: int, distance: int, num_slots: int, num_cells: int) -> torch.Tensor:
     """[slots, kv_heads, num_cells, *rest] view of `t` [kv_heads, cells, *rest]."""
@@ -56,10 +58,9 @@ class DenseCells:
     def kernel_scaled_reads(self) -> None:
         return None  # stored unscaled: `kernel_reads`
 
-    def write_targets(self, v: DenseCells, index: torch.Tensor, dtype: torch.dtype
-                      ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]] | None:
+    def write_targets(self, v: DenseCells, index: torch.Tensor, dtype: torch.dtype) -> WriteTargets | None:
         k_view, v_view = self.kernel_view(dtype), v.kernel_view(dtype)
-        return None if k_view is None or v_view is None else ([k_view], [v_view], [index])
+        return None if k_view is None or v_view is None else WriteTargets([k_view], [v_view], [index])
 
     def zeros_like(self, num_cells: int, device: torch.device) -> DenseCells:
         heads, _, dim = self.data.shape

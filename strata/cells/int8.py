@@ -2,7 +2,8 @@
 
 One layer's K (or V) is `Int8Cells`: `data` int8 [kv_heads, cells, head_dim] and `scale`
 float16 [kv_heads, cells], scale = absmax / 127 over the head's `head_dim` values of
-the cell. A cell is quantised when attention writes it and dequantised (int8 x scale,
+the cell. A cell is quantised when it is written (`write` here, or the fused rope-write in place with
+the same values: `write_targets`) and dequantised (int8 x scale,
 in the compute dtype) by every read: torch's reads right before attention, the fused decode
 attention (strata/csrc/decode_attention.cpp) as it reads each cell in place. Every read path
 dequantises the same stored values to the same numbers.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from strata.cells.dense import strided
+from strata.cells.protocol import WriteTargets
 
 SCALE_DTYPE = torch.float16
 QMAX = 127
@@ -83,8 +85,12 @@ class Int8Cells:
     def kernel_scaled_reads(self) -> tuple[tuple[torch.Tensor], tuple[torch.Tensor]]:
         return (self.data,), (self.scale,)
 
-    def write_targets(self, v: Int8Cells, index: torch.Tensor, dtype: torch.dtype) -> None:
-        return None  # quantised on the write (`write`)
+    def write_targets(self, v: Int8Cells, index: torch.Tensor, dtype: torch.dtype) -> WriteTargets | None:
+        """The storages and scales, for activations in any dtype: rope_write quantises each new
+        row as `quantise` does (strata/csrc/kv_int8.h). Host memory only (the extension's)."""
+        if self.data.device.type != "cpu":
+            return None
+        return WriteTargets([self.data], [v.data], [index], [self.scale], [v.scale])
 
     def zeros_like(self, num_cells: int, device: torch.device) -> Int8Cells:
         heads, _, dim = self.data.shape

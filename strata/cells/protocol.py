@@ -11,9 +11,32 @@ Shapes: a layer's cells are [kv_heads, cells, head_dim] with cells on dim 1 in e
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
+
+
+@dataclass(frozen=True)
+class WriteTargets:
+    """Where the fused rope-write (the extension's `rope_write`) stores a step's new K and V in
+    place: one entry per copy (the pool's storage, or the ring's pool copy and its arena and/or
+    staging), storages [kv_heads, cells, head_dim] written at `cells` (one cell per new row, -1
+    for a row not stored in that copy). int8 cells add their float16 scales [kv_heads, cells]
+    (the new rows quantised there, `Int8Cells.write`'s values); cells in a compute dtype, none."""
+
+    k: list[torch.Tensor]
+    v: list[torch.Tensor]
+    cells: list[torch.Tensor]
+    k_scales: list[torch.Tensor] = field(default_factory=list)
+    v_scales: list[torch.Tensor] = field(default_factory=list)
+
+    @staticmethod
+    def joined(parts: list[WriteTargets]) -> WriteTargets:
+        """Several copies' targets as one (each copy stored the same way)."""
+        assert len({bool(p.k_scales) for p in parts}) == 1, "every copy int8, or none"
+        return WriteTargets(*([t for p in parts for t in getattr(p, name)]
+                              for name in ("k", "v", "cells", "k_scales", "v_scales")))
 
 
 class Cells(Protocol):
@@ -51,13 +74,10 @@ class Cells(Protocol):
         as in `kernel_reads`, read as int8 x scale rounded to the compute dtype (`Int8Cells.read`'s
         values). None for cells not stored so."""
 
-    def write_targets(self, v: Cells, index: torch.Tensor, dtype: torch.dtype
-                      ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]] | None:
-        """Where the fused rope-write (models/fused.py `rope_write`) stores the step's new K (here)
-        and V (`v`) at `index` in place, as its arguments: (k storages, v storages, cells), one
-        entry per copy, storages [kv_heads, cells, head_dim] in `dtype`; the pool's storage, or
-        the ring's pool copy and its arena and/or staging. None where these cells cannot be written so (the caller
-        then rotates and writes through `write`)."""
+    def write_targets(self, v: Cells, index: torch.Tensor, dtype: torch.dtype) -> WriteTargets | None:
+        """Where the fused rope-write stores the step's new K (here) and V (`v`) at `index` for
+        activations in `dtype`: storages in `dtype`, or int8 ones with their scales. None where
+        these cells cannot be written so (the caller then rotates and writes through `write`)."""
 
     def zeros_like(self, num_cells: int, device: torch.device) -> Cells:
         """Zeroed cells of this kind and geometry, `num_cells` of them, on `device`."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from strata.cells.protocol import Cells
+from strata.cells.protocol import Cells, WriteTargets
 
 Tensor = torch.Tensor
 
@@ -130,11 +130,10 @@ class RingCells:
         else:  # an accelerator: the host copy is written once the step's forward is done
             self.writeback.append((self.host, self.host_index, x.to("cpu", non_blocking=True)))
 
-    def write_targets(self, v: RingCells, index: Tensor, dtype: torch.dtype
-                      ) -> tuple[list[Tensor], list[Tensor], list[Tensor]] | None:
+    def write_targets(self, v: RingCells, index: Tensor, dtype: torch.dtype) -> WriteTargets | None:
         """The pool's copy, and the arena and staging where some new cell lies in them (each
         with its cell per row, -1 for rows written to the other), when the host is written now
-        (not by an accelerator's writeback) and everything is stored in `dtype` (`index` is the
+        (not by an accelerator's writeback) and every part takes the fused write (`index` is the
         virtual one: the step split it into `writes`); else None."""
         if self.writeback is not None:
             return None
@@ -144,15 +143,8 @@ class RingCells:
             pairs.append((self.arena, v.arena, w.arena_index))
         if w.in_staging:
             pairs.append((self.staging, v.staging, w.staged_index))
-        k_views, v_views, indices = [], [], []
-        for k_cells, v_cells, cells in pairs:
-            k_view, v_view = k_cells.kernel_view(dtype), v_cells.kernel_view(dtype)
-            if k_view is None or v_view is None:
-                return None
-            k_views.append(k_view)
-            v_views.append(v_view)
-            indices.append(cells)
-        return k_views, v_views, indices
+        parts = [k_cells.write_targets(v_cells, cells, dtype) for k_cells, v_cells, cells in pairs]
+        return None if any(p is None for p in parts) else WriteTargets.joined(parts)
 
     def zeros_like(self, num_cells: int, device: torch.device) -> Cells:
         return self.arena.zeros_like(num_cells, device)

@@ -4,7 +4,8 @@
 // (strata/models/llama.py DecoderLayer.__call__, every projection through its quantized form:
 // the x8 pack or the file's blocks), so its output is bit-identical to that path's; what goes
 // is the Python and the dispatch between them:
-//   h = rms_norm(x); qkv = h W_qkv^T (+ b); q = rope_write(qkv -> every K/V destination);
+//   h = rms_norm(x); qkv = h W_qkv^T (+ b); q = rope_write(qkv -> every K/V destination, int8
+//   cells quantised there);
 //   a = decode_attention(q over the K/V reads); x += a W_o^T (+ b); h = rms_norm(x);
 //   returns x + silu_mul(h W_gate_up^T) W_down^T.
 // x [rows, hidden] is updated in place (the residual after attention), as add_rms_norm does.
@@ -61,22 +62,27 @@ class DecodeLayer {
                     down_.out_features() == hidden, "DecodeLayer: MLP shapes");
   }
 
-  // x [rows, hidden]; cos, sin [rows, head_dim / 2]; k_dests[j], v_dests[j] written at indices[j];
-  // k_reads, v_reads: one storage, or two whose cells continue each other (decode_attention).
+  // x [rows, hidden]; cos, sin [rows, head_dim / 2]; k_dests[j], v_dests[j] written at indices[j]
+  // (int8 cells: with their scales k_dest_scales[j], v_dest_scales[j]; else none); k_reads,
+  // v_reads: one storage, or two whose cells continue each other (decode_attention), with
+  // their scales where int8.
   torch::Tensor forward(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, std::vector<torch::Tensor> k_dests,
                         std::vector<torch::Tensor> v_dests, std::vector<torch::Tensor> indices,
-                        std::vector<torch::Tensor> k_reads, std::vector<torch::Tensor> v_reads, torch::Tensor spans,
-                        torch::Tensor row_spans, double scale) const {
+                        std::vector<torch::Tensor> k_dest_scales, std::vector<torch::Tensor> v_dest_scales,
+                        std::vector<torch::Tensor> k_reads, std::vector<torch::Tensor> v_reads,
+                        std::vector<torch::Tensor> k_read_scales, std::vector<torch::Tensor> v_read_scales,
+                        torch::Tensor spans, torch::Tensor row_spans, double scale) const {
     TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) == input_norm_.size(0), "DecodeLayer: x [rows, hidden]");
     TORCH_CHECK((k_reads.size() == 1 || k_reads.size() == 2) && v_reads.size() == k_reads.size(),
                 "DecodeLayer: one or two K/V storages to read");
     const int64_t rows = x.size(0);
     torch::Tensor qkv = qkv_(rms_norm(x, input_norm_, eps_));
     torch::Tensor q = rope_write(qkv, cos, sin, std::move(k_dests), std::move(v_dests), std::move(indices), heads_,
-                                 kv_heads_);
+                                 kv_heads_, std::move(k_dest_scales), std::move(v_dest_scales));
     c10::optional<torch::Tensor> k_more, v_more;
     if (k_reads.size() == 2) k_more = k_reads[1], v_more = v_reads[1];
-    torch::Tensor a = decode_attention(q, k_reads[0], v_reads[0], spans, row_spans, scale, k_more, v_more);
+    torch::Tensor a = decode_attention(q, k_reads[0], v_reads[0], spans, row_spans, scale, k_more, v_more,
+                                       std::move(k_read_scales), std::move(v_read_scales));
     torch::Tensor h = add_rms_norm(x, o_(a.view({rows, heads_ * head_dim_})), post_norm_, eps_);
     return x + down_(silu_mul(gate_up_(h)));
   }

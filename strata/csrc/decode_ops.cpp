@@ -4,12 +4,13 @@
 // dispatch and round trips than in work. These do the same arithmetic in one pass each:
 //   rms_norm(x, w, eps)                    y = x / sqrt(mean(x^2) + eps) * w, float accumulation
 //   add_rms_norm(x, d, w, eps)             x += d (in place), then y = rms_norm(x)
-//   rope_write(qkv, cos, sin, k_caches, v_caches, write_indices, heads, kv_heads)
+//   rope_write(qkv, cos, sin, k_caches, v_caches, write_indices, heads, kv_heads, k_scales=[], v_scales=[])
 //       qkv [tokens, (heads + 2 kv_heads) dim]: rotates q and k (rotate-half, cos/sin
 //       [tokens, dim / 2]), writes k and v into cell write_indices[j][t] of every pair of
 //       caches k_caches[j], v_caches[j] [kv_heads, cells, dim] (the ring's arena or staging and
 //       the pool's copy: one rotation, several stores; a cell of -1: token t is not stored
-//       in that copy), returns q [tokens, heads, dim]
+//       in that copy), returns q [tokens, heads, dim]; with scales, int8 caches and their float16
+//       scales [kv_heads, cells] (int8 cells: each row quantised once, kv_int8.h)
 //   silu_mul(gate_up)                      gate_up [rows, 2 n] -> silu(gate) * up [rows, n]
 //   DecodeLayer: a decoder layer's decode step from these ops in one call (decode_layer.cpp)
 //   decode_attention(q, k_cache, v_cache, spans, row_spans, scale, k_more=None, v_more=None, k_scales=[], v_scales=[])
@@ -31,6 +32,7 @@
 
 #include "activation.h"
 #include "decode_ops.h"
+#include "kv_int8.h"
 #include "quant_ops.h"
 #include "vec.h"
 
@@ -126,23 +128,30 @@ torch::Tensor add_rms_norm(torch::Tensor x, torch::Tensor d, torch::Tensor w, do
 
 torch::Tensor rope_write(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, std::vector<torch::Tensor> k_caches,
                          std::vector<torch::Tensor> v_caches, std::vector<torch::Tensor> write_indices, int64_t heads,
-                         int64_t kv_heads) {
+                         int64_t kv_heads, std::vector<torch::Tensor> k_scales, std::vector<torch::Tensor> v_scales) {
   const size_t copies = k_caches.size();
   TORCH_CHECK(copies > 0 && v_caches.size() == copies && write_indices.size() == copies, "rope_write: destinations");
+  const bool int8 = !k_scales.empty();  // int8 cells: every destination int8, with its float16 scales
+  TORCH_CHECK(!int8 || (k_scales.size() == copies && v_scales.size() == copies), "rope_write: one scale per destination");
+  TORCH_CHECK(int8 || v_scales.empty(), "rope_write: scales for K and V, or none");
   const int64_t tokens = qkv.size(0), dim = k_caches[0].size(2), half = dim / 2;
   TORCH_CHECK(qkv.size(1) == (heads + 2 * kv_heads) * dim && qkv.stride(1) == 1, "rope_write: qkv shape");
   std::vector<const int64_t*> cells(copies);
   for (size_t j = 0; j < copies; ++j) {
     TORCH_CHECK(k_caches[j].stride(2) == 1 && v_caches[j].stride(2) == 1 && k_caches[j].size(2) == dim &&
                     v_caches[j].size(2) == dim, "rope_write: cache layout");
-    TORCH_CHECK(k_caches[j].scalar_type() == qkv.scalar_type() && v_caches[j].scalar_type() == qkv.scalar_type(),
-                "rope_write: cache dtype");
+    const at::ScalarType stored = int8 ? at::kChar : qkv.scalar_type();
+    TORCH_CHECK(k_caches[j].scalar_type() == stored && v_caches[j].scalar_type() == stored, "rope_write: cache dtype");
     TORCH_CHECK(write_indices[j].scalar_type() == at::kLong && write_indices[j].is_contiguous() &&
                     write_indices[j].numel() == tokens, "rope_write: write index");
     cells[j] = write_indices[j].data_ptr<int64_t>();
     const int64_t size = k_caches[j].size(1);
     for (int64_t t = 0; t < tokens; ++t)
       TORCH_CHECK(cells[j][t] >= -1 && cells[j][t] < size, "rope_write: cell ", cells[j][t], " outside [0, ", size, ")");
+    if (int8)
+      for (const torch::Tensor* sc : {&k_scales[j], &v_scales[j]})
+        TORCH_CHECK(sc->scalar_type() == at::kHalf && sc->dim() == 2 && sc->size(0) == k_caches[j].size(0) &&
+                        sc->size(1) == size, "rope_write: float16 scales [kv_heads, cells] beside each int8 cache");
   }
   auto q = torch::empty({tokens, heads, dim}, qkv.options());
   STRATA_DISPATCH_F32_BF16(qkv.scalar_type(), "rope_write", [&] {
@@ -150,30 +159,38 @@ torch::Tensor rope_write(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin
     const scalar_t* c = cos.data_ptr<scalar_t>();
     const scalar_t* s = sin.data_ptr<scalar_t>();
     scalar_t* qp = q.data_ptr<scalar_t>();
-    std::vector<scalar_t*> kc(copies), vc(copies);
-    for (size_t j = 0; j < copies; ++j) kc[j] = k_caches[j].data_ptr<scalar_t>(), vc[j] = v_caches[j].data_ptr<scalar_t>();
+    // Stores head h's row of token t (k: rotated; v: as projected) into every destination.
+    auto store = [&](std::vector<torch::Tensor>& caches, std::vector<torch::Tensor>& scales, int64_t t, int64_t h,
+                     const scalar_t* row, int8_t* codes) {
+      c10::Half scale;
+      if (int8) scale = quantise_kv_row(row, dim, codes);
+      for (size_t j = 0; j < copies; ++j) {
+        if (cells[j][t] < 0) continue;
+        const int64_t at = h * caches[j].stride(0) + cells[j][t] * caches[j].stride(1);
+        if (int8) {
+          std::memcpy(static_cast<int8_t*>(caches[j].data_ptr()) + at, codes, dim);
+          static_cast<c10::Half*>(scales[j].data_ptr())[h * scales[j].stride(0) + cells[j][t] * scales[j].stride(1)] =
+              scale;
+        } else {
+          std::memcpy(static_cast<scalar_t*>(caches[j].data_ptr()) + at, row, dim * sizeof(scalar_t));
+        }
+      }
+    };
     at::parallel_for(0, tokens, 16, [&](int64_t begin, int64_t end) {
       std::vector<scalar_t> rotated(dim);
+      std::vector<int8_t> codes(dim);
       for (int64_t t = begin; t < end; ++t) {
         const scalar_t* xt = x + t * qkv.stride(0);
         const scalar_t* ct = c + t * cos.stride(0);
         const scalar_t* st = s + t * sin.stride(0);
         // Rotate-half on every q and k head: [x1, x2] -> [x1 cos - x2 sin, x2 cos + x1 sin].
         for (int64_t h = 0; h < heads + kv_heads; ++h) {
-          const scalar_t* in = xt + h * dim;
           scalar_t* out = h < heads ? qp + (t * heads + h) * dim : rotated.data();
-          rotate_half(in, ct, st, out, half);
-          if (h < heads) continue;
-          for (size_t j = 0; j < copies; ++j)
-            if (cells[j][t] >= 0)
-              std::memcpy(kc[j] + (h - heads) * k_caches[j].stride(0) + cells[j][t] * k_caches[j].stride(1), out,
-                          dim * sizeof(scalar_t));
+          rotate_half(xt + h * dim, ct, st, out, half);
+          if (h >= heads) store(k_caches, k_scales, t, h - heads, out, codes.data());
         }
         const scalar_t* vt = xt + (heads + kv_heads) * dim;
-        for (size_t j = 0; j < copies; ++j)
-          for (int64_t h = 0; h < kv_heads && cells[j][t] >= 0; ++h)
-            std::memcpy(vc[j] + h * v_caches[j].stride(0) + cells[j][t] * v_caches[j].stride(1), vt + h * dim,
-                        dim * sizeof(scalar_t));
+        for (int64_t h = 0; h < kv_heads; ++h) store(v_caches, v_scales, t, h, vt + h * dim, codes.data());
       }
     });
   });
@@ -223,7 +240,9 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &strata::rms_norm, strata::NoGil());
   m.def("add_rms_norm", &strata::add_rms_norm, strata::NoGil());
-  m.def("rope_write", &strata::rope_write, strata::NoGil());
+  m.def("rope_write", &strata::rope_write, strata::NoGil(), py::arg("qkv"), py::arg("cos"), py::arg("sin"),
+        py::arg("k_caches"), py::arg("v_caches"), py::arg("write_indices"), py::arg("heads"), py::arg("kv_heads"),
+        py::arg("k_scales") = std::vector<torch::Tensor>{}, py::arg("v_scales") = std::vector<torch::Tensor>{});
   m.def("silu_mul", &strata::silu_mul, strata::NoGil());
   strata::bind_decode_layer(m);
   strata::bind_amx(m);

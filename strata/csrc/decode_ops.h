@@ -17,7 +17,8 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps);
 torch::Tensor add_rms_norm(torch::Tensor x, torch::Tensor d, torch::Tensor w, double eps);
 torch::Tensor rope_write(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, std::vector<torch::Tensor> k_caches,
                          std::vector<torch::Tensor> v_caches, std::vector<torch::Tensor> write_indices, int64_t heads,
-                         int64_t kv_heads);
+                         int64_t kv_heads, std::vector<torch::Tensor> k_scales = {},
+                         std::vector<torch::Tensor> v_scales = {});
 torch::Tensor silu_mul(torch::Tensor gate_up);
 torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor spans,
                                torch::Tensor row_spans, double scale, c10::optional<torch::Tensor> k_more,

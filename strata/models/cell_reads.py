@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 import torch.nn.functional as F
 
+from strata.models.kernel_reads import kernel_reads
+
 if TYPE_CHECKING:
     from strata.cells.protocol import Cells as Cache
 
@@ -135,15 +137,10 @@ class DecodeSpans:
     kernel: Callable  # the fused ops' decode_attention(q, k, v, spans, row_spans, scale, ...)
 
     def attend(self, q: torch.Tensor, k_cache: Cache, v_cache: Cache) -> torch.Tensor:
-        scale = q.shape[-1] ** -0.5
-        k, v = k_cache.kernel_reads(q.dtype), v_cache.kernel_reads(q.dtype)
-        if k is not None and v is not None:
-            return self.kernel(q, k[0], v[0], self.spans, self.row_spans, scale, *k[1:], *v[1:])
-        ks, vs = k_cache.kernel_scaled_reads(), v_cache.kernel_scaled_reads()
-        assert ks is not None and vs is not None, "fused decode reads need cells in the compute dtype, or int8"
-        (k, k_scales), (v, v_scales) = ks, vs
-        return self.kernel(q, k[0], v[0], self.spans, self.row_spans, scale, *k[1:], *v[1:],
-                           k_scales=list(k_scales), v_scales=list(v_scales))
+        r = kernel_reads(k_cache, v_cache, q.dtype)
+        assert r is not None, "fused decode reads need cells in the compute dtype, or int8"
+        return self.kernel(q, r.k[0], r.v[0], self.spans, self.row_spans, q.shape[-1] ** -0.5, *r.k[1:], *r.v[1:],
+                           k_scales=r.k_scales, v_scales=r.v_scales)
 
     def to(self, device: torch.device) -> DecodeSpans:
         return self  # CPU only

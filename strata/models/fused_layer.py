@@ -5,8 +5,10 @@ projection to read its quantized form (models/linear.py: the x8 pack, or the fil
 through strata's kernels; not torch's int4 form), and whose K/V is read by the fused decode
 attention over spans (`DecodeSpans`) and written in place (`Cells.write_targets`), runs each
 Llama-family layer as one call: the same ops in the same order as the layer's Python path,
-so bit-identical to it, without the Python and dispatch between them. Any other step (prompt
-rows, more rows, int8 K/V, an accelerator's ring, qk norms, MoE layers) takes the Python path.
+so bit-identical to it, without the Python and dispatch between them. With int8 K/V the call
+quantises the new rows where it writes them and reads the cells in place, as the Python
+path's fused ops do. Any other step (prompt rows, more rows, an accelerator's ring, qk norms,
+MoE layers) takes the Python path.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from strata.models.attention import AttentionMeta
+from strata.models.kernel_reads import kernel_reads
 from strata.models.linear import Linear
 from strata.models.q4x8 import X8Matmul
 from strata.models.quant import QuantMatmul
@@ -77,9 +80,10 @@ class FusedDecodeLayer:
         if len(meta.decode) != 1 or meta.prefills or meta.samples or meta.decode[0].kind != "spans":
             return None
         targets = k_cache.write_targets(v_cache, meta.write_index, x.dtype)
-        k_reads, v_reads = k_cache.kernel_reads(x.dtype), v_cache.kernel_reads(x.dtype)
-        if targets is None or k_reads is None or v_reads is None:
+        reads = kernel_reads(k_cache, v_cache, x.dtype)
+        if targets is None or reads is None:
             return None
         read = meta.decode[0]
-        return self.kernel(x, cos.squeeze(1), sin.squeeze(1), *targets, list(k_reads), list(v_reads), read.spans,
+        return self.kernel(x, cos.squeeze(1), sin.squeeze(1), targets.k, targets.v, targets.cells, targets.k_scales,
+                           targets.v_scales, reads.k, reads.v, reads.k_scales, reads.v_scales, read.spans,
                            read.row_spans, self.scale)

@@ -119,7 +119,8 @@ class DecoderLayer:
         if targets is not None:
             # One pass: q and k rotated, k and v written to their cells (no qk norm; where the
             # cells allow it; `ops` is set only on the CPU).
-            q = ops.rope_write(qkv, cos.squeeze(1), sin.squeeze(1), *targets, cfg.num_heads, cfg.num_kv_heads)
+            q = ops.rope_write(qkv, cos.squeeze(1), sin.squeeze(1), targets.k, targets.v, targets.cells, cfg.num_heads,
+                               cfg.num_kv_heads, k_scales=targets.k_scales, v_scales=targets.v_scales)
         if q is not None:
             a = attend_written(q, k_cache, v_cache, meta)
         else:

@@ -3,7 +3,7 @@ Python path, bit for bit: a property over layouts, and on files whose projection
 file's blocks (tiny random Q4_K, Q6_K and Q8_0 models, bf16 and float32, auto and native).
 
 The default model in bfloat16 with `--weights auto` (every projection reads its x8 form at
-decode rows), lanes decoding together in reserved or pooled chunks of 16 or 64 cells,
+decode rows), K/V in bfloat16 or int8, lanes decoding together in reserved or pooled chunks of 16 or 64 cells,
 without a ring, through a ring that holds everything and through rings of one or two
 16-cell pages (the newest page streams, so new K/V goes to staging): the same engine runs
 the same requests with its layers' one-call forms and without them, and every step's
@@ -43,14 +43,14 @@ GREEDY = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True)
 @pytest.fixture(scope="module")
 def engines(gguf_path, decode_ops, quant_ops):
     @functools.cache
-    def get(pooled: bool, chunk: int, ring_pages: int | None) -> Engine:
+    def get(pooled: bool, chunk: int, ring_pages: int | None, kv: str | None = None) -> Engine:
         pool = {"kv_pool_tokens": 3 * (MAX_CONTEXT // chunk + 1) * chunk} if pooled else {}
         ring = {}
         if ring_pages is not None:
             ring = {"kv_resident": ring_pages * 16 if ring_pages else MAX_CONTEXT, "kv_page": 16,
                     "kv_ring_adapt": False}
         return Engine(EngineConfig(model=gguf_path, dtype="bfloat16", weights="auto", max_context=MAX_CONTEXT,
-                                   kv_chunk=chunk, batch=2, prefill_chunk=24, spec="off", **pool, **ring),
+                                   kv_chunk=chunk, batch=2, prefill_chunk=24, spec="off", kv=kv, **pool, **ring),
                       progress=False)
 
     return get
@@ -101,11 +101,14 @@ def test_the_default_model_has_a_one_call_form_only_where_it_reads_quantized_wei
     assert all(layer.fused is None for layer in dense._model.layers)
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(pooled=st.booleans(), chunk=st.sampled_from([16, 64]), ring=st.sampled_from([None, 0, 1, 2]),
-       lengths=st.lists(st.integers(1, 70), min_size=1, max_size=3), seed=st.integers(0, 2**16))
-def test_the_one_call_layer_is_the_python_path_bit_for_bit(engines, pooled, chunk, ring, lengths, seed):
-    engine = engines(pooled, chunk, ring)
+       kv=st.sampled_from([None, "int8"]), lengths=st.lists(st.integers(1, 70), min_size=1, max_size=3),
+       seed=st.integers(0, 2**16))
+def test_the_one_call_layer_is_the_python_path_bit_for_bit(engines, pooled, chunk, ring, kv, lengths, seed):
+    """With int8 K/V too: the one call quantises the new rows where it writes them and reads the
+    cells with their scales, as the Python path's fused ops do."""
+    engine = engines(pooled, chunk, ring, kv)
     g = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(3, 40000, (n,), generator=g).tolist() for n in lengths]
     want_tokens, want_logits, none = recorded(engine, prompts, one_call=False)

@@ -78,7 +78,8 @@ def test_rotary_rotates_q_and_k_and_the_write_puts_k_and_v_in_their_cells(decode
     copy_cells = torch.tensor([19, -1, 3, 7, 11])
     stored = copy_cells >= 0
     if decode_path == "fused":  # one pass: q returned, k and v written (models/llama.py)
-        ([k_view], [v_view], [index]) = k_cells.write_targets(v_cells, cells, dtype)
+        t = k_cells.write_targets(v_cells, cells, dtype)
+        ([k_view], [v_view], [index]) = t.k, t.v, t.cells
         q = path_ops.rope_write(qkv, cos.squeeze(1), sin.squeeze(1), [k_view, k_copy.data], [v_view, v_copy.data],
                                 [index, copy_cells], heads, kv_heads)
         assert torch.equal(k_copy.data[:, copy_cells[stored]], k_cells.data[:, cells[stored]])

@@ -52,12 +52,15 @@ def test_write_targets_name_the_pool_and_only_the_buffers_written():
     only_arena = StepWrites.split([1, 2], ARENA)
     k = RingCells(arena, staging, host, host_index, only_arena, None)
     v = RingCells(v_arena, v_staging, v_host, host_index, only_arena, None)
-    k_views, v_views, indices = k.write_targets(v, torch.tensor([1, 2]), torch.float32)
+    t = k.write_targets(v, torch.tensor([1, 2]), torch.float32)
+    k_views, v_views, indices = t.k, t.v, t.cells
+    assert t.k_scales == [] and t.v_scales == []  # stored unscaled
     assert [t is u for t, u in zip(k_views, (host.data, arena.data))] == [True, True] and len(k_views) == 2
     assert v_views[1] is v_arena.data and [i.tolist() for i in indices] == [[5, 6], [1, 2]]
     both = StepWrites.split([1, 9], ARENA)
     k = RingCells(arena, staging, host, host_index, both, None)
     v = RingCells(v_arena, v_staging, v_host, host_index, both, None)
-    k_views, _, indices = k.write_targets(v, torch.tensor([1, 9]), torch.float32)
+    t = k.write_targets(v, torch.tensor([1, 9]), torch.float32)
+    k_views, indices = t.k, t.cells
     assert k_views[2] is staging.data and [i.tolist() for i in indices] == [[5, 6], [1, -1], [-1, 1]]
     assert k.write_targets(v, torch.tensor([1, 9]), torch.bfloat16) is None  # stored in another dtype
