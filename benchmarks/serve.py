@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -184,6 +185,10 @@ def main() -> None:
             for key in ("note", "first_error"):
                 if key in s:
                     print(f"c={c} {arm}: {key}: {s[key]}")
+    if any("first_error" in summary[a][str(c)] for a in arms for c in levels):
+        print(f"the servers' logs: {log_dir}")
+    else:
+        shutil.rmtree(log_dir, ignore_errors=True)
     print("ITL: every gap between two streamed tokens; max gap: each stream's largest gap (p50/p99 over "
           "the streams, and the largest of all)")
     print("stalls in prefill: gaps over 2x the median gap that overlap another request's prefill / all such gaps")

@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import collections
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -279,6 +280,10 @@ def main(argv: list[str] | None = None) -> int:
         print("SOAK FAILED: " + "; ".join(v["name"] for v in verdicts if not v["ok"]))
     if "Traceback" in log_text:
         print(f"server log ({server.log_path}), last part:\n{log_text[-3000:]}")
+    if payload["ok"] and "Traceback" not in log_text:
+        shutil.rmtree(log_dir, ignore_errors=True)  # kept, and named, when something failed
+    elif "Traceback" not in log_text:
+        print(f"the server's log: {server.log_path}")
     return 0 if payload["ok"] else 1
 
 
