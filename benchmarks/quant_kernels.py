@@ -19,7 +19,7 @@ arm runs in this process, interleaved; a projection's time is the median of `--r
 a layer's the sum of its projections', and the table reports the median of `--rounds`
 layer times in microseconds and each arm's ratio to dense bfloat16.
 
-    python benchmarks/quant_kernels.py [--threads 2] [--rounds 5] [--isa auto|avx2|avx512_vnni] [--head]
+    python benchmarks/quant_kernels.py [--threads 2] [--rounds 5] [--isa auto|avx2|avx_vnni|avx512_vnni] [--head]
                                        [--clock cpu] [--quick] [--out DIR]
 
 `--clock cpu` times one thread's CPU time (time.thread_time; it implies --threads 1): on a
@@ -135,7 +135,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--reps", type=int, default=20)
-    p.add_argument("--isa", default="auto", help="the quantized kernels' instruction set (auto, avx2, avx512_vnni)")
+    p.add_argument("--isa", default="auto", help="the quantized kernels' instruction set (auto, avx2, avx_vnni, avx512_vnni)")
     p.add_argument("--head", action="store_true", help="time the LM head instead of one layer")
     p.add_argument("--arms", default="", help="comma-separated substrings: only arms whose name has one")
     p.add_argument("--layer", default="576,192,1536",

@@ -25,7 +25,7 @@ DEFAULT_MEMORY_GUARD_MIB = 512
 WEIGHT_FORMATS = ("auto", "dense", "native")
 SPEC_MODES = ("ngram", "draft", "off")
 QUANT_ISA_ENV = "STRATA_QUANT_ISA"
-QUANT_ISAS = ("auto", "avx2", "avx512_vnni")  # the quantized kernels' variants (strata/csrc/quant_*.cpp)
+QUANT_ISAS = ("auto", "avx2", "avx_vnni", "avx512_vnni")  # the quantized kernels' variants (strata/csrc/quant_*.cpp)
 Q4_KERNEL_ENV = "STRATA_Q4_KERNEL"
 Q4_KERNELS = ("auto", "x8", "x8-int8", "int4")  # how --weights auto reads Q4_0/Q4_1 at bfloat16 decode rows (models/linear.py)
 HEAD_KERNEL_ENV = "STRATA_HEAD_KERNEL"
@@ -177,8 +177,8 @@ def choice_from_env(name: str, choices: Sequence[str], environ: Mapping[str, str
 
 def quant_isa_from_env(environ: Mapping[str, str] | None = None) -> str:
     """`$STRATA_QUANT_ISA`: the instruction set the quantized-weight kernels run. Unset, empty
-    or `auto`: the best this CPU has (AVX-512 VNNI, else AVX2); `avx2` forces the AVX2 path
-    (tests run both on one machine); anything else is an error."""
+    or `auto`: the best this CPU has (AVX-512 VNNI, else AVX-VNNI, else AVX2); `avx2` forces the
+    AVX2 path (tests run every variant the CPU has on one machine); anything else is an error."""
     return choice_from_env(QUANT_ISA_ENV, QUANT_ISAS, environ)
 
 

@@ -99,6 +99,7 @@ struct Kernels {
 
 const Kernels& avx2_kernels();
 const Kernels& vnni_kernels();  // AVX-512 F/BW/VL + VNNI
+const Kernels& avxvnni_kernels();  // AVX2 + AVX-VNNI (16 registers)
 
 }  // namespace quant
 }  // namespace strata

@@ -15,7 +15,8 @@
 //       of 8 columns.
 //   quant_dequant_rows(w, type, ids, dtype) -> [n, k]: rows ids of w dequantised (embedding lookups)
 //   quant_isa() / quant_isas() / set_quant_isa(name): the instruction set the kernels run
-//       ("avx2", "avx512_vnni"), the ones this CPU has, and a choice among them ("auto": the best).
+//       ("avx2", "avx_vnni", "avx512_vnni"), the ones this CPU has, and a choice among them ("auto":
+//       the best).
 
 #include "quant_ops.h"
 
@@ -35,7 +36,12 @@ bool cpu_has_vnni() {
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
 }
 
-const quant::Kernels* best_kernels() { return cpu_has_vnni() ? &quant::vnni_kernels() : &quant::avx2_kernels(); }
+bool cpu_has_avx_vnni() { return __builtin_cpu_supports("avxvnni"); }
+
+// AVX-512 VNNI, else AVX-VNNI, else AVX2 (the same outputs: only the speed differs).
+const quant::Kernels* best_kernels() {
+  return cpu_has_vnni() ? &quant::vnni_kernels() : cpu_has_avx_vnni() ? &quant::avxvnni_kernels() : &quant::avx2_kernels();
+}
 
 std::atomic<const quant::Kernels*>& chosen() {
   static std::atomic<const quant::Kernels*> kernels{best_kernels()};
@@ -260,6 +266,7 @@ std::string quant_isa() { return chosen().load()->name; }
 
 std::vector<std::string> quant_isas() {
   std::vector<std::string> names{quant::avx2_kernels().name};
+  if (cpu_has_avx_vnni()) names.push_back(quant::avxvnni_kernels().name);
   if (cpu_has_vnni()) names.push_back(quant::vnni_kernels().name);
   return names;
 }
@@ -271,7 +278,11 @@ void set_quant_isa(const std::string& name) {
     TORCH_CHECK(cpu_has_vnni(), "set_quant_isa: this CPU has no AVX-512 VNNI");
     return chosen().store(&quant::vnni_kernels());
   }
-  TORCH_CHECK(false, "set_quant_isa: unknown instruction set '", name, "' (auto, avx2, avx512_vnni)");
+  if (name == quant::avxvnni_kernels().name) {
+    TORCH_CHECK(cpu_has_avx_vnni(), "set_quant_isa: this CPU has no AVX-VNNI");
+    return chosen().store(&quant::avxvnni_kernels());
+  }
+  TORCH_CHECK(false, "set_quant_isa: unknown instruction set '", name, "' (auto, avx2, avx_vnni, avx512_vnni)");
 }
 
 }  // namespace strata

@@ -17,11 +17,13 @@ namespace strata {
 namespace quant {
 namespace vnni {
 #define QK_VNNI 1
+#define QK_YMM16 0
 #define QK_NAME "avx512_vnni"
 #include "quant_blocks.inc"
 #include "quant_x8.inc"
 #include "quant_dots.inc"
 #undef QK_NAME
+#undef QK_YMM16
 #undef QK_VNNI
 }  // namespace vnni
 

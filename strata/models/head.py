@@ -52,7 +52,7 @@ def head_kernel() -> str:
     """How --weights auto reads the head at bfloat16 decode rows: "x8" (a Q8_0 head's q8x8 form,
     strata's x8 kernel), "quant" (the file's blocks, strata's kernel) or "int8" (torch's int8
     kernel). `$STRATA_HEAD_KERNEL` (config.py) forces one; else "x8" wherever strata's quantized
-    kernels run, AVX-512 VNNI or AVX2 (benchmarks/quant_kernels.py --head: with 8-bit
+    kernels run, AVX-512 VNNI, AVX-VNNI or AVX2 (benchmarks/quant_kernels.py --head: with 8-bit
     activations the AVX2 variant beats the file's blocks at every row count measured), and a
     head of another type reads what `without_x8()` says."""
     choice = head_kernel_from_env()

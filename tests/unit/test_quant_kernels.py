@@ -192,19 +192,25 @@ def cpu_flags() -> set[str]:
 
 
 def test_the_instruction_set_is_chosen_at_run_time(ops, monkeypatch):
-    """cpuid picks AVX-512 VNNI where the CPU has it (as /proc/cpuinfo says), AVX2 otherwise;
-    STRATA_QUANT_ISA forces the AVX2 path."""
-    isas = ops.quant_isas()
-    has_vnni = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= cpu_flags()
-    assert isas == (["avx2", "avx512_vnni"] if has_vnni else ["avx2"])
+    """cpuid picks AVX-512 VNNI where the CPU has it (as /proc/cpuinfo says), else AVX-VNNI,
+    else AVX2; STRATA_QUANT_ISA forces one the CPU has."""
+    flags = cpu_flags()
+    has_vnni = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= flags
+    has_avx_vnni = "avx_vnni" in flags
+    assert ops.quant_isas() == ["avx2"] + ["avx_vnni"] * has_avx_vnni + ["avx512_vnni"] * has_vnni
     monkeypatch.setenv(QUANT_ISA_ENV, "avx2")
     assert load_quant_ops().quant_isa() == "avx2"
     monkeypatch.setenv(QUANT_ISA_ENV, "auto")
-    assert load_quant_ops().quant_isa() == ("avx512_vnni" if has_vnni else "avx2")
+    assert load_quant_ops().quant_isa() == ("avx512_vnni" if has_vnni else "avx_vnni" if has_avx_vnni else "avx2")
     monkeypatch.setenv(QUANT_ISA_ENV, "sse2")
     with pytest.raises(ConfigError, match=QUANT_ISA_ENV):
         load_quant_ops()
-    if not has_vnni:
-        monkeypatch.setenv(QUANT_ISA_ENV, "avx512_vnni")
-        with pytest.raises(ConfigError, match="this CPU runs only avx2"):
-            load_quant_ops()
+    for isa, has in (("avx512_vnni", has_vnni), ("avx_vnni", has_avx_vnni)):
+        monkeypatch.setenv(QUANT_ISA_ENV, isa)
+        if has:
+            assert load_quant_ops().quant_isa() == isa
+        else:
+            with pytest.raises(ConfigError, match="this CPU runs only avx2"):
+                load_quant_ops()
+    monkeypatch.setenv(QUANT_ISA_ENV, "auto")
+    load_quant_ops()  # the process's own choice again, for the tests after this one
