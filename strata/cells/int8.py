@@ -87,9 +87,7 @@ class Int8Cells:
 
     def write_targets(self, v: Int8Cells, index: torch.Tensor, dtype: torch.dtype) -> WriteTargets | None:
         """The storages and scales, for activations in any dtype: rope_write quantises each new
-        row as `quantise` does (strata/csrc/kv_int8.h). Host memory only (the extension's)."""
-        if self.data.device.type != "cpu":
-            return None
+        row as `quantise` does (strata/csrc/kv_int8.h)."""
         return WriteTargets([self.data], [v.data], [index], [self.scale], [v.scale])
 
     def zeros_like(self, num_cells: int, device: torch.device) -> Int8Cells:
