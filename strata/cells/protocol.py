@@ -17,7 +17,7 @@ from typing import Protocol
 import torch
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: one is made per layer and step, and a frozen __init__ is slower
 class WriteTargets:
     """Where the fused rope-write (the extension's `rope_write`) stores a step's new K and V in
     place: one entry per copy (the pool's storage, or the ring's pool copy and its arena and/or
@@ -35,8 +35,14 @@ class WriteTargets:
     def joined(parts: list[WriteTargets]) -> WriteTargets:
         """Several copies' targets as one (each copy stored the same way)."""
         assert len({bool(p.k_scales) for p in parts}) == 1, "every copy int8, or none"
-        return WriteTargets(*([t for p in parts for t in getattr(p, name)]
-                              for name in ("k", "v", "cells", "k_scales", "v_scales")))
+        joined = WriteTargets([], [], [])
+        for p in parts:
+            joined.k += p.k
+            joined.v += p.v
+            joined.cells += p.cells
+            joined.k_scales += p.k_scales
+            joined.v_scales += p.v_scales
+        return joined
 
 
 class Cells(Protocol):

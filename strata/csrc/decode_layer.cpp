@@ -62,7 +62,8 @@ class DecodeLayer {
                     down_.out_features() == hidden, "DecodeLayer: MLP shapes");
   }
 
-  // x [rows, hidden]; cos, sin [rows, head_dim / 2]; k_dests[j], v_dests[j] written at indices[j]
+  // x [rows, hidden]; cos, sin [rows, head_dim / 2] (or the rotary tables' [rows, 1, head_dim / 2]);
+  // k_dests[j], v_dests[j] written at indices[j]
   // (int8 cells: with their scales k_dest_scales[j], v_dest_scales[j]; else none); k_reads,
   // v_reads: one storage, or two whose cells continue each other (decode_attention), with
   // their scales where int8.
@@ -76,6 +77,7 @@ class DecodeLayer {
     TORCH_CHECK((k_reads.size() == 1 || k_reads.size() == 2) && v_reads.size() == k_reads.size(),
                 "DecodeLayer: one or two K/V storages to read");
     const int64_t rows = x.size(0);
+    if (cos.dim() == 3) cos = cos.squeeze(1), sin = sin.squeeze(1);
     torch::Tensor qkv = qkv_(rms_norm(x, input_norm_, eps_));
     torch::Tensor q = rope_write(qkv, cos, sin, std::move(k_dests), std::move(v_dests), std::move(indices), heads_,
                                  kv_heads_, std::move(k_dest_scales), std::move(v_dest_scales));

@@ -13,6 +13,7 @@ MoE layers) takes the Python path.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -43,14 +44,11 @@ class FusedDecodeLayer:
     def __init__(self, kernel, projections: tuple[Linear, ...], head_dim: int):
         self.kernel = kernel  # the extension's DecodeLayer, over these projections' quantized forms
         self.projections = projections
-        self.forms = tuple(quantized_form(p) for p in projections)  # what the kernel was made of
         self.scale = head_dim**-0.5
-
-    def reads_quantized(self, rows: int) -> bool:
-        """Whether every projection reads, at `rows` decode rows, the quantized form the kernel
-        holds (Linear.__call__'s rule)."""
-        return all(quantized_form(p) is f and (p.weight is None or (p.max_rows is not None and rows <= p.max_rows))
-                   for p, f in zip(self.projections, self.forms))
+        # The most decode rows at which every projection reads its quantized form (Linear.__call__'s
+        # rule: always without a dense weight, else up to its max_rows). A projection's forms are
+        # fixed once built; one given another form needs its layer's one-call form built again.
+        self.max_rows = min(math.inf if p.weight is None else (p.max_rows or 0) for p in projections)
 
     @staticmethod
     def build(layer: DecoderLayer, ops) -> FusedDecodeLayer | None:
@@ -75,7 +73,7 @@ class FusedDecodeLayer:
         """The layer's output for x [rows, hidden] (x itself updated in place, as the Python
         path's add_rms_norm does), or None where this step takes the Python path."""
         rows = x.shape[0]
-        if (kinds is not None and kinds.decode != rows) or not x.is_contiguous() or not self.reads_quantized(rows):
+        if rows > self.max_rows or (kinds is not None and kinds.decode != rows) or not x.is_contiguous():
             return None
         if len(meta.decode) != 1 or meta.prefills or meta.samples or meta.decode[0].kind != "spans":
             return None
@@ -84,6 +82,6 @@ class FusedDecodeLayer:
         if targets is None or reads is None:
             return None
         read = meta.decode[0]
-        return self.kernel(x, cos.squeeze(1), sin.squeeze(1), targets.k, targets.v, targets.cells, targets.k_scales,
+        return self.kernel(x, cos, sin, targets.k, targets.v, targets.cells, targets.k_scales,
                            targets.v_scales, reads.k, reads.v, reads.k_scales, reads.v_scales, read.spans,
                            read.row_spans, self.scale)

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from strata.cells.protocol import Cells
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: one is made per layer and step (as cells/protocol.py's WriteTargets)
 class KernelReads:
     """What the fused decode attention reads in place: K and V storages (one, or the ring's
     arena and staging), with their float16 scales where the cells are int8 (else empty)."""

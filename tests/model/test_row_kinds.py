@@ -92,8 +92,10 @@ def test_a_mixed_step_computes_each_row_by_its_kind(engine, quant_ops, piece, mo
     try:
         alone = torch.cat([runner.all_logits((decode,)), runner.all_logits((prompt,))])
         mixed = runner.all_logits((decode, prompt))  # rows: the decode row, then the piece's
-        for lin in [p for layer in model.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down)]:
-            monkeypatch.setattr(lin, "max_rows", 0)
+        for layer in model.layers:  # a one-call form keeps the forms it was built with: none here
+            monkeypatch.setattr(layer, "fused", None)
+            for lin in (layer.qkv, layer.o, layer.gate_up, layer.down):
+                monkeypatch.setattr(lin, "max_rows", 0)
         monkeypatch.setattr(model.lm_head, "max_rows", 0)
         dense = torch.cat([runner.all_logits((decode,)), runner.all_logits((prompt,))])
     finally:
