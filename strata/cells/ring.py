@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from strata.cells.protocol import Cells
+from strata.cells.ring_cells import RingCells
 from strata.cells.ring_counters import LaneRing, RingCounters, count_step
 from strata.cells.ring_step import PageMap, RingStep, merge_runs
 from strata.cells.storage import KVStorage
@@ -96,6 +97,22 @@ class KVRing:
         cells = self.num_slots * self.page
         self.arena_k = {i: self.host.k[i].zeros_like(cells, self.layer_devices[i]) for i in self.layers}
         self.arena_v = {i: self.host.v[i].zeros_like(cells, self.layer_devices[i]) for i in self.layers}
+        self._views: dict[int, tuple[RingCells, RingCells]] = {}  # layer -> its K and V through this arena
+
+    def staging_of(self, i: int) -> tuple[Cells, Cells]:
+        """Layer i's staging buffer (K, V): its device's, consecutive layers taking turns where it has two."""
+        buffers = self.staging[self.layer_devices[i]]
+        return buffers[self.rank[i] % len(buffers)]
+
+    def layer_views(self, i: int) -> tuple[RingCells, RingCells]:
+        """Layer i's K and V through the ring, kept while its arena and staging stay (a step points
+        them at its new cells: RingCells.step)."""
+        views = self._views.get(i)
+        if views is None:
+            k_stage, v_stage = self.staging_of(i)
+            views = self._views[i] = (RingCells(self.arena_k[i], k_stage, self.host.k[i], None, None, None),
+                                      RingCells(self.arena_v[i], v_stage, self.host.v[i], None, None, None))
+        return views
 
     # ---- the device budget (--device-memory) ------------------------------------------------------
     def attach_budget(self, budget, on_split) -> None:
@@ -253,6 +270,7 @@ class KVRing:
                     first = self.layers[0]
                     buffers[b] = (self.host.k[first].zeros_like(grown, dev),
                                   self.host.v[first].zeros_like(grown, dev))
+                    self._views = {}  # the layers' views name the old buffer
 
     def abort(self, step: RingStep) -> None:
         """The step failed part way: its admitted pages may be partly copied, so they leave."""
@@ -268,31 +286,11 @@ class KVRing:
 
     # ---- what users see -----------------------------------------------------------------------
     def stats(self) -> dict:
-        c = self.counters
-        bytes_per_page = self.page * self.bytes_per_cell
-        return {
-            "kv_resident": self.sizing.cap,
-            "page": self.page,
-            "evict": self.policy,
-            "adaptive": self.sizing.adaptive,
-            "budget_cells": self.budget_cells,
-            "arena_pages": self.num_slots,
-            "resident_pages": self.residency.num_resident,
-            "pages_streamed": c.pages_streamed,
-            "pages_admitted": c.pages_admitted,
-            "bytes_streamed": c.bytes_copied,
-            "bytes_streamed_per_token": c.bytes_copied / c.tokens if c.tokens else 0.0,
-            "pages_streamed_per_token": (c.pages_streamed + c.pages_admitted) / c.tokens if c.tokens else 0.0,
-            "hit_ratio": c.page_hits / c.page_reads if c.page_reads else 0.0,
-            "sizings": c.sizings,
-            "budget_fallbacks": c.budget_fallbacks,
-            "bytes_per_page": bytes_per_page,
-        }
+        return {"kv_resident": self.sizing.cap, "page": self.page, "evict": self.policy,
+                "adaptive": self.sizing.adaptive, "budget_cells": self.budget_cells, "arena_pages": self.num_slots,
+                "resident_pages": self.residency.num_resident, **self.counters.stats(),
+                "bytes_per_page": self.page * self.bytes_per_cell}
 
     def lane_stats(self, lane: int) -> dict | None:
         r = self.counters.lanes.get(lane)
-        if r is None:
-            return None
-        return {"ring_cells": r.ring_cells, "resident_pages": r.resident_pages, "pages_read": r.pages_read,
-                "pages_streamed": r.pages_streamed + r.pages_admitted,
-                "hit_ratio": r.pages_in_place / r.pages_read if r.pages_read else 0.0}
+        return None if r is None else r.stats()

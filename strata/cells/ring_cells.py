@@ -1,4 +1,5 @@
-"""One layer's K (or V) as attention sees it through the ring, for one step.
+"""One layer's K (or V) as attention sees it through the ring: kept per layer while the ring's
+buffers stay, pointed at each step's new cells.
 
 Cells are addressed in one virtual space: [0, A) are the arena's cells (resident pages,
 slot s at s * page), [A, A + S) the staging buffer's (this step's streamed pages).
@@ -54,7 +55,12 @@ class StepWrites:
 
 
 class RingCells:
-    __slots__ = ("arena", "staging", "host", "host_index", "writes", "writeback", "num_arena_cells")
+    """One layer's K (or V) through the ring. The ring keeps one per layer while its arena and
+    staging stay (cells/ring.py `layer_views`) and points it at each step's new cells (`step`), so
+    what the fused kernels read and write in place is worked out once, not every layer and step."""
+
+    __slots__ = ("arena", "staging", "host", "host_index", "writes", "writeback", "num_arena_cells", "_storages",
+                 "_reads")
 
     def __init__(
         self,
@@ -72,6 +78,14 @@ class RingCells:
         self.writes = writes
         self.writeback = writeback
         self.num_arena_cells = arena.shape[1]
+        self._storages: dict[tuple, WriteTargets | None] = {}  # (v, in arena, in staging, dtype) -> targets
+        self._reads: dict[object, tuple | None] = {}  # dtype (or None: int8) -> kernel_reads (kernel_scaled_reads)
+
+    def step(self, host_index: Tensor, writes: StepWrites, writeback: list | None) -> None:
+        """This layer's view for the next step: its new cells' pool cells, where they lie, its writeback."""
+        self.host_index = host_index
+        self.writes = writes
+        self.writeback = writeback
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -105,15 +119,18 @@ class RingCells:
         """The arena's storage, then staging's: their flat cells are the virtual cells (staging's
         cell 0 is virtual cell A), so the fused decode attention reads resident and streamed
         pages in one call, spans never crossing A (runner/ring_reads.py)."""
-        arena, staging = self.arena.kernel_view(dtype), self.staging.kernel_view(dtype)
-        return None if arena is None or staging is None else (arena, staging)
+        if dtype not in self._reads:
+            arena, staging = self.arena.kernel_view(dtype), self.staging.kernel_view(dtype)
+            self._reads[dtype] = None if arena is None or staging is None else (arena, staging)
+        return self._reads[dtype]
 
     def kernel_scaled_reads(self) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]] | None:
         """int8 arena and staging: their storages and scales, as `kernel_reads`."""
-        arena, staging = self.arena.kernel_scaled_reads(), self.staging.kernel_scaled_reads()
-        if arena is None or staging is None:
-            return None
-        return (arena[0][0], staging[0][0]), (arena[1][0], staging[1][0])
+        if None not in self._reads:
+            arena, staging = self.arena.kernel_scaled_reads(), self.staging.kernel_scaled_reads()
+            self._reads[None] = (None if arena is None or staging is None
+                                 else ((arena[0][0], staging[0][0]), (arena[1][0], staging[1][0])))
+        return self._reads[None]
 
     def write(self, index: Tensor, x: Tensor) -> None:
         """x [kv_heads, len(index), head_dim] into virtual cells `index` (split by the step
@@ -138,13 +155,26 @@ class RingCells:
         if self.writeback is not None:
             return None
         w = self.writes
-        pairs = [(self.host, v.host, self.host_index)]
+        cells = [self.host_index]
         if w.in_arena:
-            pairs.append((self.arena, v.arena, w.arena_index))
+            cells.append(w.arena_index)
         if w.in_staging:
-            pairs.append((self.staging, v.staging, w.staged_index))
-        parts = [k_cells.write_targets(v_cells, cells, dtype) for k_cells, v_cells, cells in pairs]
-        return None if any(p is None for p in parts) else WriteTargets.joined(parts)
+            cells.append(w.staged_index)
+        key = (v, w.in_arena, w.in_staging, dtype)
+        if key not in self._storages:  # the same storages every step with these buffers written
+            pairs = [(self.host, v.host)]
+            if w.in_arena:
+                pairs.append((self.arena, v.arena))
+            if w.in_staging:
+                pairs.append((self.staging, v.staging))
+            parts = [k_cells.write_targets(v_cells, index, dtype) for (k_cells, v_cells), index in zip(pairs, cells)]
+            assert all(p is None or (len(p.cells) == 1 and p.cells[0] is index) for p, index in zip(parts, cells)), \
+                "each copy one storage, written at the index it was given"
+            joined = None if any(p is None for p in parts) else WriteTargets.joined(parts)
+            self._storages[key] = (None if joined is None  # the storages alone: the cells are each step's
+                                   else WriteTargets(joined.k, joined.v, [], joined.k_scales, joined.v_scales))
+        t = self._storages[key]
+        return None if t is None else WriteTargets(t.k, t.v, cells, t.k_scales, t.v_scales)
 
     def zeros_like(self, num_cells: int, device: torch.device) -> Cells:
         return self.arena.zeros_like(num_cells, device)

@@ -21,6 +21,11 @@ class LaneRing:
     pages_streamed: int = 0  # read through staging
     pages_admitted: int = 0
 
+    def stats(self) -> dict:
+        return {"ring_cells": self.ring_cells, "resident_pages": self.resident_pages, "pages_read": self.pages_read,
+                "pages_streamed": self.pages_streamed + self.pages_admitted,
+                "hit_ratio": self.pages_in_place / self.pages_read if self.pages_read else 0.0}
+
 
 @dataclass
 class RingCounters:
@@ -35,6 +40,22 @@ class RingCounters:
     sizings: int = 0
     budget_fallbacks: int = 0  # lanes that kept the floor ring because the budget was spent
     lanes: dict[int, LaneRing] = field(default_factory=dict)
+
+    def stats(self) -> dict:
+        """What was read and copied in all (the ring's stats beside its sizes)."""
+        def per_token(n: int) -> float:
+            return n / self.tokens if self.tokens else 0.0
+
+        return {
+            "pages_streamed": self.pages_streamed,
+            "pages_admitted": self.pages_admitted,
+            "bytes_streamed": self.bytes_copied,
+            "bytes_streamed_per_token": per_token(self.bytes_copied),
+            "pages_streamed_per_token": per_token(self.pages_streamed + self.pages_admitted),
+            "hit_ratio": self.page_hits / self.page_reads if self.page_reads else 0.0,
+            "sizings": self.sizings,
+            "budget_fallbacks": self.budget_fallbacks,
+        }
 
 
 def count_step(c: RingCounters, work: Sequence[LaneWork], reads: Sequence[LaneReads], plan: ResidencyPlan,

@@ -69,16 +69,12 @@ class RingStep:
         self._ready: dict[int, object] = {}  # layer -> the copy stream's event (accelerators)
         self._stream = None
 
-    def _buffer(self, i: int) -> tuple[Cells, Cells]:
-        buffers = self.ring.staging[self.ring.layer_devices[i]]
-        return buffers[self.ring.rank[i] % len(buffers)]  # the ring's consecutive layers take turns
-
     def _issue(self, i: int, non_blocking: bool) -> None:
         r = self.ring  # nothing admitted or staged: everything read is resident already
         if self.admit:
             self._copy_pair(r.arena_k[i], r.arena_v[i], i, self.admit, self._runs["admit"], non_blocking)
         if self.stage:
-            k_stage, v_stage = self._buffer(i)
+            k_stage, v_stage = self.ring.staging_of(i)
             self._copy_pair(k_stage, v_stage, i, self.stage, self._runs["stage"], non_blocking)
 
     def _copy_pair(self, k_dst: Cells, v_dst: Cells, i: int, runs: Sequence[tuple[int, int, int]],
@@ -96,12 +92,13 @@ class RingStep:
         dev = r.layer_devices[i]
         if dev.type == "cuda":
             self._cuda_copies(i, dev)
-        else:
+        elif self.admit or self.stage:  # else everything read is resident already
             self._issue(i, non_blocking=False)
-        k_stage, v_stage = self._buffer(i)
-        index, writes, writeback = self.host_write_index, self._writes[dev], self.writeback
-        return (RingCells(r.arena_k[i], k_stage, r.host.k[i], index, writes, writeback),
-                RingCells(r.arena_v[i], v_stage, r.host.v[i], index, writes, writeback))
+        k, v = r.layer_views(i)
+        writes = self._writes[dev]
+        k.step(self.host_write_index, writes, self.writeback)
+        v.step(self.host_write_index, writes, self.writeback)
+        return k, v
 
     def _cuda_copies(self, i: int, dev: torch.device) -> None:
         """Layer i's copies were issued on the side stream while layer i-1 ran (or are issued now);

@@ -294,3 +294,26 @@ def test_prompt_pieces_read_through_the_ring_as_without_it(tiny_llama_dir, decod
     for cells in (MAX_CONTEXT, PAGE):
         ringed = engine(kv_resident=cells, kv_page=PAGE, kv_ring_adapt=False)
         assert torch.equal(prompt_logits(ringed, prompt), want), cells
+
+
+def test_a_layers_view_is_kept_until_its_arena_or_staging_changes(engines):
+    """The ring hands a layer the same K/V view every step while its buffers stay (what the fused
+    kernels write and read in place is worked out once: cells/ring_cells.py), and new views that
+    name the new buffers once the arena is remade or staging grows; decoding through them after
+    either change still equals decoding without a ring."""
+    engine = engines(False, 16, False, "f32", 1)
+    engine._scheduler.clear_cache()
+    ring = engine._ring.full
+    prompt = list(range(3, 60))  # 57 cells and 8 new in a ring of one 16-cell page: most pages stream
+    assert run(engine, [prompt])[0] == reference(engines, prompt, "f32")
+    k, v = ring.layer_views(0)
+    assert k.host_index is not None  # the steps decoded through this view
+    assert ring.layer_views(0)[0] is k and ring.layer_views(0)[1] is v
+    ring.resize_arena(ring.budget_cells + PAGE)
+    k2, v2 = ring.layer_views(0)
+    assert k2 is not k and k2.arena is ring.arena_k[0] and v2.arena is ring.arena_v[0]
+    ring._ensure_staging(2 * k2.staging.shape[1])
+    k3, v3 = ring.layer_views(0)
+    assert k3 is not k2 and (k3.staging, v3.staging) == ring.staging_of(0)
+    engine._scheduler.clear_cache()
+    assert run(engine, [prompt])[0] == reference(engines, prompt, "f32")
