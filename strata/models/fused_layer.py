@@ -13,7 +13,6 @@ MoE layers) takes the Python path.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -45,10 +44,9 @@ class FusedDecodeLayer:
         self.kernel = kernel  # the extension's DecodeLayer, over these projections' quantized forms
         self.projections = projections
         self.scale = head_dim**-0.5
-        # The most decode rows at which every projection reads its quantized form (Linear.__call__'s
-        # rule: always without a dense weight, else up to its max_rows). A projection's forms are
-        # fixed once built; one given another form needs its layer's one-call form built again.
-        self.max_rows = min(math.inf if p.weight is None else (p.max_rows or 0) for p in projections)
+        # The most decode rows at which every projection reads its quantized form. A projection's
+        # forms are fixed once built; one given another form needs its layer's one-call form built again.
+        self.max_rows = min(p.quantized_rows for p in projections)
 
     @staticmethod
     def build(layer: DecoderLayer, ops) -> FusedDecodeLayer | None:

@@ -32,6 +32,7 @@ Which form a projection reads (`fused_linear`), as measured by benchmarks/quant_
 
 from __future__ import annotations
 
+import math
 from collections.abc import MutableMapping, Sequence
 
 import torch
@@ -91,6 +92,12 @@ class Linear:
         if self.max_rows is None:
             return dense_rows(x, self.weight, self.bias, alone)
         return small_rows(x, self._four_bit, self._dense, d if d <= self.max_rows else 0, alone)
+
+    @property
+    def quantized_rows(self) -> float:
+        """The most decode rows a step may have for them to read the 4-bit form (`__call__`'s rule:
+        every count without a dense weight, none with a dense weight and no max_rows)."""
+        return math.inf if self.weight is None else (self.max_rows or 0)
 
     def _dense(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias)
