@@ -20,15 +20,18 @@ a layer's the sum of its projections', and the table reports the median of `--ro
 layer times in microseconds and each arm's ratio to dense bfloat16.
 
     python benchmarks/quant_kernels.py [--threads 2] [--rounds 5] [--isa auto|avx2|avx_vnni|avx512_vnni] [--head]
-                                       [--clock cpu] [--quick] [--out DIR]
+                                       [--copies N] [--clock cpu] [--quick] [--out DIR]
 
-`--clock cpu` times one thread's CPU time (time.thread_time; it implies --threads 1): on a
+`--copies N` makes N copies of every arm's weights and calls them in turn, so with enough of
+them (64 for one layer) the weights stream from memory as in a decode step, where one copy stays
+in the caches. `--clock cpu` times one thread's CPU time (time.thread_time; it implies --threads 1): on a
 shared machine, wall time also counts the slices other processes take from the threads.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import sys
@@ -81,53 +84,65 @@ def timed(fn, reps: int, clock=time.perf_counter) -> float:
     return statistics.median(times) * 1e6
 
 
-def arms_for(shapes: dict, ops, rng) -> dict[str, list]:
-    """arm -> [(in features, fn(x_bf16, x_f32))], one per projection of `shapes`."""
+def arms_for(shapes: dict, ops, rng, keep=lambda arm: True) -> dict[str, list]:
+    """arm -> [(in features, fn(x_bf16, x_f32))], one per projection of `shapes`, for "dense bf16"
+    and the arms `keep` names (weights are made only for those)."""
     from strata.models.head import Int8Rows
 
-    arms: dict[str, list] = {"dense bf16": [], "dense f32": [], "torch int4 bf16": [], "torch int4 f32": [],
-                             "torch int8 rows bf16": []}
-    for out, k in shapes.values():
-        wb = (torch.randn(out, k) * 0.02).bfloat16()
-        wf = wb.float()
-        arms["dense bf16"].append((k, lambda xb, xf, w=wb: F.linear(xb, w)))
-        arms["dense f32"].append((k, lambda xb, xf, w=wf: F.linear(xf, w)))
+    arms: dict[str, list] = {}
+
+    def add(name: str, make) -> None:  # make(out, k) -> fn(x_bf16, x_f32), per projection
+        if name == "dense bf16" or keep(name):
+            arms[name] = [(k, make(out, k)) for out, k in shapes.values()]
+
+    def int4(out, k, dtype):  # torch's int4 pack and its [k / 32, out, 2] scales and zeros in `dtype`
         packed = torch._convert_weight_to_int4pack_for_cpu(torch.randint(0, 16, (out, k), dtype=torch.int32), 1)
-        sz = torch.rand(k // 32, out, 2) * 0.01
-        arms["torch int4 bf16"].append(
-            (k, lambda xb, xf, p=packed, s=sz.bfloat16(): torch._weight_int4pack_mm_for_cpu(xb, p, 32, s)))
-        arms["torch int4 f32"].append((k, lambda xb, xf, p=packed, s=sz: torch._weight_int4pack_mm_for_cpu(xf, p, 32, s)))
-        rows8 = Int8Rows.quantize(wb)  # the int8 LM head's form (models/head.py)
-        arms["torch int8 rows bf16"].append(
-            (k, lambda xb, xf, r=rows8: torch._weight_int8pack_mm(xb, r.codes, r.scale)))
+        return packed, (torch.rand(k // 32, out, 2) * 0.01).to(dtype)
+
+    add("dense bf16", lambda out, k: (lambda xb, xf, w=(torch.randn(out, k) * 0.02).bfloat16(): F.linear(xb, w)))
+    add("dense f32", lambda out, k: (lambda xb, xf, w=(torch.randn(out, k) * 0.02).bfloat16().float(): F.linear(xf, w)))
+    add("torch int4 bf16", lambda out, k: (lambda xb, xf, ps=int4(out, k, torch.bfloat16):
+                                            torch._weight_int4pack_mm_for_cpu(xb, ps[0], 32, ps[1])))
+    add("torch int4 f32", lambda out, k: (lambda xb, xf, ps=int4(out, k, torch.float32):
+                                           torch._weight_int4pack_mm_for_cpu(xf, ps[0], 32, ps[1])))
+    # the int8 LM head's form (models/head.py)
+    add("torch int8 rows bf16", lambda out, k: (lambda xb, xf, r=Int8Rows.quantize((torch.randn(out, k) * 0.02).bfloat16()):
+                                                 torch._weight_int8pack_mm(xb, r.codes, r.scale)))
     if ops is None:
         return arms
     from strata.models.q4x8 import X8Matmul
     from strata.models.quant import QuantWeight
 
+    def blocks(qtype, out, k):
+        return [QuantWeight(random_blocks(qtype, out, k, rng), qtype, k)]
+
+    # activation bits: 15 the default, 8 STRATA_Q4_KERNEL=x8-int8
     for name, qtype in (("Q4_0", 2), ("Q4_1", 3)):  # the x8 form of the same blocks (models/q4x8.py)
-        for bits in (15, 8):  # activation bits: 15 the default, 8 STRATA_Q4_KERNEL=x8-int8
-            arms[f"strata x8 {name} {bits}-bit act"] = [
-                (k, lambda xb, xf, m=X8Matmul.from_parts([QuantWeight(random_blocks(qtype, out, k, rng), qtype, k)],
-                                                         bits): m(xb))
-                for out, k in shapes.values()]
+        for bits in (15, 8):
+            add(f"strata x8 {name} {bits}-bit act",
+                lambda out, k, t=qtype, b=bits: (lambda xb, xf, m=X8Matmul.from_parts(blocks(t, out, k), b): m(xb)))
     for bits in (15, 8):  # Q8_0 in the q8x8 form (the LM head's, STRATA_HEAD_KERNEL=x8)
-        arms[f"strata q8x8 Q8_0 {bits}-bit act"] = [
-            (k, lambda xb, xf, m=X8Matmul.from_q8x8_parts([QuantWeight(random_blocks(8, out, k, rng), 8, k)], bits): m(xb))
-            for out, k in shapes.values()]
+        add(f"strata q8x8 Q8_0 {bits}-bit act",
+            lambda out, k, b=bits: (lambda xb, xf, m=X8Matmul.from_q8x8_parts(blocks(8, out, k), b): m(xb)))
     for bits in (15, 8):  # Q5_0 in the q5x8 form (its own 22 bytes per block: models/linear.py)
-        arms[f"strata q5x8 Q5_0 {bits}-bit act"] = [
-            (k, lambda xb, xf, m=X8Matmul.from_q5x8_parts([QuantWeight(random_blocks(6, out, k, rng), 6, k)], bits): m(xb))
-            for out, k in shapes.values()]
+        add(f"strata q5x8 Q5_0 {bits}-bit act",
+            lambda out, k, b=bits: (lambda xb, xf, m=X8Matmul.from_q5x8_parts(blocks(6, out, k), b): m(xb)))
     for name, qtype in TYPES.items():
         if any(k % BLOCK[qtype][0] for _, k in shapes.values()):
             continue
         for path, int8 in (("int8", True), ("float", False)):
-            arms[f"strata {path} {name}"] = [
-                (k, lambda xb, xf, w=random_blocks(qtype, out, k, rng), t=qtype, i=int8:
-                 ops.quant_matmul(xb if i else xf, [w], [t], i))
-                for out, k in shapes.values()]
+            add(f"strata {path} {name}", lambda out, k, t=qtype, i=int8: (
+                lambda xb, xf, w=random_blocks(t, out, k, rng): ops.quant_matmul(xb if i else xf, [w], [t], i)))
     return arms
+
+
+def in_turn(copies: list[list]) -> list:
+    """One arm's projections from its copies' (`copies[c][j]`: copy c's projection j): each call
+    of projection j runs the next copy's."""
+    if len(copies) == 1:
+        return copies[0]
+    turns = [itertools.cycle([c[j][1] for c in copies]) for j in range(len(copies[0]))]
+    return [(k, lambda xb, xf, t=t: next(t)(xb, xf)) for (k, _), t in zip(copies[0], turns)]
 
 
 def main() -> None:
@@ -140,6 +155,9 @@ def main() -> None:
     p.add_argument("--arms", default="", help="comma-separated substrings: only arms whose name has one")
     p.add_argument("--layer", default="576,192,1536",
                    help="hidden,kv,ffn of the layer (default: the default model's; K-quants need multiples of 256)")
+    p.add_argument("--copies", type=int, default=1,
+                   help="weight copies per arm, called in turn: enough that they outgrow the caches times the "
+                        "weights streaming from memory, as a decode step reads them (default 1: cache-resident)")
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                    help="wall time, or this thread's CPU time (implies --threads 1)")
     add_quick_and_out(p, "one round of 2 calls per projection")
@@ -157,11 +175,12 @@ def main() -> None:
         ops.set_quant_isa(args.isa)
     isa = ops.quant_isa() if ops is not None else "not built"
     shapes = {"head": HEAD} if args.head else layer_shapes(*(int(v) for v in args.layer.split(",")))
-    arms = arms_for(shapes, ops, np.random.default_rng(0))
+    wanted = [s for s in args.arms.split(",") if s]
+    rng = np.random.default_rng(0)
+    copies = [arms_for(shapes, ops, rng, lambda a: not wanted or any(s in a for s in wanted)) for _ in range(args.copies)]
+    arms = {a: in_turn([c[a] for c in copies]) for a in copies[0]}
     if ops is not None:  # binding a kernel loads the ops afresh, at $STRATA_QUANT_ISA's choice
         ops.set_quant_isa(args.isa)
-    if args.arms:
-        arms = {a: f for a, f in arms.items() if a == "dense bf16" or any(s in a for s in args.arms.split(","))}
     reps = max(2, args.reps // 10) if args.head else args.reps
     times: dict[str, dict[int, list[float]]] = {a: {r: [] for r in ROWS} for a in arms}
     with torch.inference_mode():
@@ -176,6 +195,7 @@ def main() -> None:
     rows_out = [[a] + [med[a][r] for r in ROWS] + [base[r] / med[a][r] for r in (1, 8)] for a in arms]
     table = print_table(
         f"{'LM head of the default model' if args.head else f'one layer {shapes}'}, microseconds (median of {args.rounds}); "
+        f"{'cache-resident weights' if args.copies == 1 else f'{args.copies} weight copies in turn'}; "
         f"{args.threads} threads, {args.clock} clock, quantized kernels: {isa}; {cpu_name()}",
         ["arm"] + [f"{r} rows us" for r in ROWS] + ["x dense bf16 @1", "x dense bf16 @8"], rows_out)
     stem = "quant_kernels_head" if args.head else f"quant_kernels-{args.layer.replace(',', '-')}"
