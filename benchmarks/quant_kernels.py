@@ -105,9 +105,9 @@ def arms_for(shapes: dict, ops, rng, keep=lambda arm: True) -> dict[str, list]:
                                             torch._weight_int4pack_mm_for_cpu(xb, ps[0], 32, ps[1])))
     add("torch int4 f32", lambda out, k: (lambda xb, xf, ps=int4(out, k, torch.float32):
                                            torch._weight_int4pack_mm_for_cpu(xf, ps[0], 32, ps[1])))
-    # the int8 LM head's form (models/head.py)
-    add("torch int8 rows bf16", lambda out, k: (lambda xb, xf, r=Int8Rows.quantize((torch.randn(out, k) * 0.02).bfloat16()):
-                                                 torch._weight_int8pack_mm(xb, r.codes, r.scale)))
+    add("torch int8 rows bf16", lambda out, k: (  # the int8 LM head's form (models/head.py)
+        lambda xb, xf, r=Int8Rows.quantize((torch.randn(out, k) * 0.02).bfloat16()):
+        torch._weight_int8pack_mm(xb, r.codes, r.scale)))
     if ops is None:
         return arms
     from strata.models.q4x8 import X8Matmul
@@ -177,7 +177,8 @@ def main() -> None:
     shapes = {"head": HEAD} if args.head else layer_shapes(*(int(v) for v in args.layer.split(",")))
     wanted = [s for s in args.arms.split(",") if s]
     rng = np.random.default_rng(0)
-    copies = [arms_for(shapes, ops, rng, lambda a: not wanted or any(s in a for s in wanted)) for _ in range(args.copies)]
+    keep = lambda a: not wanted or any(s in a for s in wanted)  # noqa: E731
+    copies = [arms_for(shapes, ops, rng, keep) for _ in range(args.copies)]
     arms = {a: in_turn([c[a] for c in copies]) for a in copies[0]}
     if ops is not None:  # binding a kernel loads the ops afresh, at $STRATA_QUANT_ISA's choice
         ops.set_quant_isa(args.isa)
