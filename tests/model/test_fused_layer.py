@@ -102,7 +102,6 @@ def test_the_default_model_has_a_one_call_form_only_where_it_reads_quantized_wei
     assert all(layer.fused is None for layer in dense._model.layers)
 
 
-
 def test_the_one_call_form_takes_only_steps_its_projections_read_quantized(engines):
     """Its row bound is the projections' (a dense weight beside the 4-bit form reads the 4-bit
     form up to max_rows decode rows): a step of more rows is left to the Python path before any
@@ -114,6 +113,7 @@ def test_the_one_call_form_takes_only_steps_its_projections_read_quantized(engin
     fused = model.layers[0].fused
     x = torch.zeros(fused.max_rows + 1, model.cfg.hidden_size)  # refused on its row count alone
     assert fused(x, None, None, None, None, None, None) is None
+
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(pooled=st.booleans(), chunk=st.sampled_from([16, 64]), ring=st.sampled_from([None, 0, 1, 2]),
