@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from strata.cells.protocol import Cells
-from strata.cells.ring_cells import RingCells
+from strata.cells.ring_cells import RingCells, StepState
 from strata.cells.ring_counters import LaneRing, RingCounters, count_step
 from strata.cells.ring_step import PageMap, RingStep, merge_runs
 from strata.cells.storage import KVStorage
@@ -79,6 +79,7 @@ class KVRing:
         self.layer_devices = [torch.device(d) for d in layer_devices]
         self.devices = list(dict.fromkeys(self.layer_devices[i] for i in self.layers))
         self.rank = {layer: r for r, layer in enumerate(self.layers)}  # its layers in order (staging turns)
+        self.step_state = {d: StepState() for d in self.devices}  # what its views on each device serve now
         self._make_arena()
         self.is_accelerated = any(d.type != "cpu" for d in self.devices)
         self.copy_cells = None if self.is_accelerated else copy_cells
@@ -104,15 +105,16 @@ class KVRing:
         buffers = self.staging[self.layer_devices[i]]
         return buffers[self.rank[i] % len(buffers)]
 
-    def layer_views(self, i: int) -> tuple[RingCells, RingCells]:
-        """Layer i's K and V through the ring, kept while its arena and staging stay (a step points
-        them at its new cells: RingCells.step)."""
-        views = self._views.get(i)
-        if views is None:
-            k_stage, v_stage = self.staging_of(i)
-            views = self._views[i] = (RingCells(self.arena_k[i], k_stage, self.host.k[i], None, None, None),
-                                      RingCells(self.arena_v[i], v_stage, self.host.v[i], None, None, None))
-        return views
+    def layer_views(self) -> dict[int, tuple[RingCells, RingCells]]:
+        """Layer -> its K and V through the ring, kept while its arena and staging stay (a step
+        points its device's `step_state` at its new cells)."""
+        if len(self._views) != len(self.layers):
+            for i in self.layers:
+                k_stage, v_stage = self.staging_of(i)
+                state = self.step_state[self.layer_devices[i]]
+                self._views[i] = (RingCells(self.arena_k[i], k_stage, self.host.k[i], state),
+                                  RingCells(self.arena_v[i], v_stage, self.host.v[i], state))
+        return self._views
 
     # ---- the device budget (--device-memory) ------------------------------------------------------
     def attach_budget(self, budget, on_split) -> None:

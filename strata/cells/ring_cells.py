@@ -11,7 +11,7 @@ pool, which stays complete: the host index names the same rows' pool cells.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -54,38 +54,45 @@ class StepWrites:
             self.staged_index)), self.in_arena, self.in_staging)
 
 
+@dataclass(slots=True)
+class StepState:
+    """The step a device's layer views serve now: one per ring and device, pointed once a step
+    (`point`) rather than every view every layer. `cells`: the write targets' per-row cells, the
+    pool's then the arena's and staging's where a new cell lies in them (cells/protocol.py)."""
+
+    host_index: Tensor | None = None  # [tokens] the pool cell of each new token (on the host)
+    writes: StepWrites | None = None  # where the step's new cells lie, on this device
+    writeback: list | None = None  # None: write the host now; else (host, index, x on host) for finish()
+    cells: list[Tensor] = field(default_factory=list)  # read only: every layer's targets share it
+
+    def point(self, host_index: Tensor, writes: StepWrites, writeback: list | None) -> None:
+        self.host_index, self.writes, self.writeback = host_index, writes, writeback
+        self.cells = [host_index, *([writes.arena_index] if writes.in_arena else []),
+                      *([writes.staged_index] if writes.in_staging else [])]
+
+
 class RingCells:
     """One layer's K (or V) through the ring. The ring keeps one per layer while its arena and
-    staging stay (cells/ring.py `layer_views`) and points it at each step's new cells (`step`), so
-    what the fused kernels read and write in place is worked out once, not every layer and step."""
+    staging stay (cells/ring.py `layer_views`), so what the fused kernels read and write in place is
+    worked out once, not every layer and step; its device's `StepState`, shared by every view there
+    and pointed at each step's new cells, says where this step writes."""
 
-    __slots__ = ("arena", "staging", "host", "host_index", "writes", "writeback", "num_arena_cells", "_storages",
-                 "_reads")
+    __slots__ = ("arena", "staging", "host", "state", "num_arena_cells", "_storages", "_reads")
 
     def __init__(
         self,
         arena: Cells,  # [kv_heads, A, head_dim] this layer's arena
         staging: Cells,  # [kv_heads, >= S, head_dim] the device's staging buffer
         host: Cells,  # [kv_heads, pool cells, head_dim] this layer's pool storage
-        host_index: Tensor,  # [tokens] the pool cell of each new token (on the host)
-        writes: StepWrites,  # where the step's new cells lie, on this layer's device
-        writeback: list | None,  # None: write the host now; else (host, index, x on host) for finish()
+        state: StepState,  # the step its device's views serve now
     ):
         self.arena = arena
         self.staging = staging
         self.host = host
-        self.host_index = host_index
-        self.writes = writes
-        self.writeback = writeback
+        self.state = state
         self.num_arena_cells = arena.shape[1]
         self._storages: dict[tuple, WriteTargets | None] = {}  # (v, in arena, in staging, dtype) -> targets
         self._reads: dict[object, tuple | None] = {}  # dtype (or None: int8) -> kernel_reads (kernel_scaled_reads)
-
-    def step(self, host_index: Tensor, writes: StepWrites, writeback: list | None) -> None:
-        """This layer's view for the next step: its new cells' pool cells, where they lie, its writeback."""
-        self.host_index = host_index
-        self.writes = writes
-        self.writeback = writeback
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -135,31 +142,28 @@ class RingCells:
     def write(self, index: Tensor, x: Tensor) -> None:
         """x [kv_heads, len(index), head_dim] into virtual cells `index` (split by the step
         beforehand into `writes`, so no device sync here) and into its pool cells."""
-        w = self.writes
+        s = self.state
+        w = s.writes
         if not w.in_staging:
             self.arena.write(w.arena_cells, x)
         else:
             if w.in_arena:
                 self.arena.write(w.arena_cells, x.index_select(1, w.arena_rows))
             self.staging.write(w.staged_cells, x.index_select(1, w.staged_rows))
-        if self.writeback is None:
-            self.host.write(self.host_index, x)
+        if s.writeback is None:
+            self.host.write(s.host_index, x)
         else:  # an accelerator: the host copy is written once the step's forward is done
-            self.writeback.append((self.host, self.host_index, x.to("cpu", non_blocking=True)))
+            s.writeback.append((self.host, s.host_index, x.to("cpu", non_blocking=True)))
 
     def write_targets(self, v: RingCells, index: Tensor, dtype: torch.dtype) -> WriteTargets | None:
         """The pool's copy, and the arena and staging where some new cell lies in them (each
         with its cell per row, -1 for rows written to the other), when the host is written now
         (not by an accelerator's writeback) and every part takes the fused write (`index` is the
         virtual one: the step split it into `writes`); else None."""
-        if self.writeback is not None:
+        s = self.state
+        if s.writeback is not None:
             return None
-        w = self.writes
-        cells = [self.host_index]
-        if w.in_arena:
-            cells.append(w.arena_index)
-        if w.in_staging:
-            cells.append(w.staged_index)
+        w, cells = s.writes, s.cells
         key = (v, w.in_arena, w.in_staging, dtype)
         if key not in self._storages:  # the same storages every step with these buffers written
             pairs = [(self.host, v.host)]

@@ -40,6 +40,8 @@ class GroupedStep:
     def __init__(self, steps: Sequence[RingStep], layer_group: Sequence[int]):
         self.steps = tuple(steps)  # per group, in group order
         self.layer_group = layer_group
+        if len(self.steps) == 1:  # one group: its step's own (one call less a layer)
+            self.layer_caches = self.steps[0].layer_caches
 
     def layer_caches(self, i: int) -> tuple[RingCells, RingCells]:
         return self.steps[self.layer_group[i]].layer_caches(i)

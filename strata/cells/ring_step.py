@@ -60,7 +60,6 @@ class RingStep:
         self.host_write_index = host_write_index  # [tokens] on the host
         self.write_index = torch.tensor(writes, dtype=torch.long)  # [tokens] virtual cells (cells/ring_cells.py)
         split = StepWrites.split(writes, pages.num_arena_cells)
-        self._writes = {d: split if d.type == "cpu" else split.to(d) for d in ring.devices}
         self.plan = plan
         copier = ring.copy_cells  # one extension call per layer and copy kind; None: torch's copy_ per run
         self._runs = {kind: torch.tensor(runs, dtype=torch.long).view(-1, 3) if copier and runs else None
@@ -68,6 +67,10 @@ class RingStep:
         self.writeback: list | None = [] if ring.is_accelerated else None
         self._ready: dict[int, object] = {}  # layer -> the copy stream's event (accelerators)
         self._stream = None
+        for d in ring.devices:
+            ring.step_state[d].point(host_write_index, split if d.type == "cpu" else split.to(d), self.writeback)
+        self._views = ring.layer_views()
+        self._per_layer = ring.is_accelerated or bool(admit or stage)  # else each layer's views are read as they are
 
     def _issue(self, i: int, non_blocking: bool) -> None:
         r = self.ring  # nothing admitted or staged: everything read is resident already
@@ -88,17 +91,13 @@ class RingStep:
         _copy(v_dst, r.host.v[i], runs, non_blocking)
 
     def layer_caches(self, i: int) -> tuple[RingCells, RingCells]:
-        r = self.ring
-        dev = r.layer_devices[i]
-        if dev.type == "cuda":
-            self._cuda_copies(i, dev)
-        elif self.admit or self.stage:  # else everything read is resident already
-            self._issue(i, non_blocking=False)
-        k, v = r.layer_views(i)
-        writes = self._writes[dev]
-        k.step(self.host_write_index, writes, self.writeback)
-        v.step(self.host_write_index, writes, self.writeback)
-        return k, v
+        if self._per_layer:
+            dev = self.ring.layer_devices[i]
+            if dev.type == "cuda":
+                self._cuda_copies(i, dev)
+            elif self.admit or self.stage:  # else everything read is resident already
+                self._issue(i, non_blocking=False)
+        return self._views[i]
 
     def _cuda_copies(self, i: int, dev: torch.device) -> None:
         """Layer i's copies were issued on the side stream while layer i-1 ran (or are issued now);

@@ -306,14 +306,14 @@ def test_a_layers_view_is_kept_until_its_arena_or_staging_changes(engines):
     ring = engine._ring.full
     prompt = list(range(3, 60))  # 57 cells and 8 new in a ring of one 16-cell page: most pages stream
     assert run(engine, [prompt])[0] == reference(engines, prompt, "f32")
-    k, v = ring.layer_views(0)
-    assert k.host_index is not None  # the steps decoded through this view
-    assert ring.layer_views(0)[0] is k and ring.layer_views(0)[1] is v
+    k, v = ring.layer_views()[0]
+    assert k.state.host_index is not None and k.state is v.state  # the steps decoded through this view
+    assert ring.layer_views()[0][0] is k and ring.layer_views()[0][1] is v
     ring.resize_arena(ring.budget_cells + PAGE)
-    k2, v2 = ring.layer_views(0)
+    k2, v2 = ring.layer_views()[0]
     assert k2 is not k and k2.arena is ring.arena_k[0] and v2.arena is ring.arena_v[0]
     ring._ensure_staging(2 * k2.staging.shape[1])
-    k3, v3 = ring.layer_views(0)
+    k3, v3 = ring.layer_views()[0]
     assert k3 is not k2 and (k3.staging, v3.staging) == ring.staging_of(0)
     engine._scheduler.clear_cache()
     assert run(engine, [prompt])[0] == reference(engines, prompt, "f32")

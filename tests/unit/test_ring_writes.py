@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from strata.cells.dense import DenseCells
-from strata.cells.ring_cells import RingCells, StepWrites
+from strata.cells.ring_cells import RingCells, StepState, StepWrites
 
 ARENA = 8  # virtual cells [0, 8) are the arena's, [8, 12) staging's
 
@@ -26,6 +26,12 @@ def test_split_of_no_rows_writes_nowhere():
     assert not w.in_arena and not w.in_staging and w.arena_index.numel() == 0
 
 
+def _state(host_index: torch.Tensor, writes: StepWrites) -> StepState:
+    state = StepState()
+    state.point(host_index, writes, None)
+    return state
+
+
 def _cells(num_cells: int) -> DenseCells:
     return DenseCells.zeros(2, num_cells, 4, torch.float32, torch.device("cpu"))
 
@@ -34,7 +40,7 @@ def _cells(num_cells: int) -> DenseCells:
 def test_a_write_lands_in_its_buffer_and_in_the_pool(virtual):
     arena, staging, host = _cells(ARENA), _cells(4), _cells(32)
     host_index = torch.tensor([20 + i for i in range(len(virtual))])
-    cells = RingCells(arena, staging, host, host_index, StepWrites.split(virtual, ARENA), None)
+    cells = RingCells(arena, staging, host, _state(host_index, StepWrites.split(virtual, ARENA)))
     x = torch.arange(2 * len(virtual) * 4, dtype=torch.float32).view(2, len(virtual), 4) + 1
     cells.write(torch.tensor(virtual), x)
     for row, c in enumerate(virtual):
@@ -49,17 +55,14 @@ def test_write_targets_name_the_pool_and_only_the_buffers_written():
     arena, staging, host = _cells(ARENA), _cells(4), _cells(32)
     v_arena, v_staging, v_host = _cells(ARENA), _cells(4), _cells(32)
     host_index = torch.tensor([5, 6])
-    only_arena = StepWrites.split([1, 2], ARENA)
-    k = RingCells(arena, staging, host, host_index, only_arena, None)
-    v = RingCells(v_arena, v_staging, v_host, host_index, only_arena, None)
+    state = _state(host_index, StepWrites.split([1, 2], ARENA))
+    k, v = RingCells(arena, staging, host, state), RingCells(v_arena, v_staging, v_host, state)
     t = k.write_targets(v, torch.tensor([1, 2]), torch.float32)
     k_views, v_views, indices = t.k, t.v, t.cells
     assert t.k_scales == [] and t.v_scales == []  # stored unscaled
     assert [t is u for t, u in zip(k_views, (host.data, arena.data))] == [True, True] and len(k_views) == 2
     assert v_views[1] is v_arena.data and [i.tolist() for i in indices] == [[5, 6], [1, 2]]
-    both = StepWrites.split([1, 9], ARENA)
-    k = RingCells(arena, staging, host, host_index, both, None)
-    v = RingCells(v_arena, v_staging, v_host, host_index, both, None)
+    state.point(host_index, StepWrites.split([1, 9], ARENA), None)  # the next step: the same views
     t = k.write_targets(v, torch.tensor([1, 9]), torch.float32)
     k_views, indices = t.k, t.cells
     assert k_views[2] is staging.data and [i.tolist() for i in indices] == [[5, 6], [1, -1], [-1, 1]]
