@@ -2,7 +2,9 @@
 
 Each arm runs in its own interpreter (so load time and peak RSS are its own), arms are
 interleaved over several rounds, and the table reports medians and each strata row's
-ratio to each peer. Same file (`--model`, the default model's SmolLM2-135M-Instruct Q4_1
+ratio to each peer; a second table gives each arm's decode speed round by round and each
+strata row's ratio to each peer within a round (on a machine whose neighbours come and go,
+the spread says how far one run's medians can be trusted). Same file (`--model`, the default model's SmolLM2-135M-Instruct Q4_1
 GGUF unless given), the same token ids for every arm (tokenized once, here), bf16 compute,
 the same thread count, a 512-token prompt.
 
@@ -252,6 +254,25 @@ ARMS = {"strata": arm_strata, "strata-x8": arm_strata_x8, "strata-int8head": arm
 METRICS = ["prefill_tok_s", "decode_tok_s", "decode8_tok_s", "load_s", "peak_rss_mib", "peak_over_runtime_mib"]
 
 
+def round_rows(raw: dict[str, list[dict]], strata_arms: list[str], peer_arms: list[str],
+               names: dict[str, str]) -> list[list[str]]:
+    """Decode tok/s round by round, and each strata arm over each peer per round (a round's arms
+    run one after another, close in time: drift between rounds leaves its ratio alone)."""
+    import statistics
+
+    def cell(values: list[float], fmt: str = ".4g") -> str:
+        return ", ".join(format(v, fmt) for v in values)
+
+    decode = ("decode_tok_s", "decode8_tok_s")
+    rows = [[names[a]] + [cell([r[m] for r in raw[a]]) for m in decode] for a in strata_arms + peer_arms]
+    for arm in strata_arms:
+        for peer in peer_arms:
+            ratios = [[x[m] / y[m] for x, y in zip(raw[arm], raw[peer])] for m in decode]
+            rows.append([f"{names[arm]} / {peer}"] + [f"{cell(r, '.2f')} (median {statistics.median(r):.2f})"
+                                                      for r in ratios])
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--arm", choices=sorted(ARMS))
@@ -315,6 +336,12 @@ def main() -> None:
          "peak RSS over runtime MiB"],
         rows,
     )
+    if args.rounds > 1:
+        table += "\n" + print_table(
+            "decode tok/s by round, in run order (a round runs every arm once, one after another)",
+            ["arm", "decode tok/s (1 lane)", f"decode tok/s ({LANES} lanes)"],
+            round_rows(raw, strata_arms, peer_arms, names),
+        )
     stem = "decode" if args.model == os.path.abspath(default_model_path()) else f"decode-{label}"
     path = write_json(f"{stem}.json", {"args": vars(args), "label": label, "raw": raw, "median": med,
                                        "table": table, "loadavg": [load_before, os.getloadavg()]}, args.out)
