@@ -45,6 +45,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import add_quick_and_out, cpu_name, interleaved, medians, peak_rss_mib, print_table, rss_mib, run_arm, write_json
 from benchmarks.decode_parts import llamacpp
 from benchmarks.decode_parts.plot import plot
+from benchmarks.decode_parts.rounds import round_rows
 
 PARAGRAPH = (
     "The lighthouse keeper climbed the spiral stairs each evening, counting the steps as his father "
@@ -252,25 +253,6 @@ ARMS = {"strata": arm_strata, "strata-x8": arm_strata_x8, "strata-int8head": arm
         "strata-dense": arm_strata_dense,
         "strata-pool": arm_strata_pool, "transformers": arm_transformers, "llama.cpp": arm_llamacpp}
 METRICS = ["prefill_tok_s", "decode_tok_s", "decode8_tok_s", "load_s", "peak_rss_mib", "peak_over_runtime_mib"]
-
-
-def round_rows(raw: dict[str, list[dict]], strata_arms: list[str], peer_arms: list[str],
-               names: dict[str, str]) -> list[list[str]]:
-    """Decode tok/s round by round, and each strata arm over each peer per round (a round's arms
-    run one after another, close in time: drift between rounds leaves its ratio alone)."""
-    import statistics
-
-    def cell(values: list[float], fmt: str = ".4g") -> str:
-        return ", ".join(format(v, fmt) for v in values)
-
-    decode = ("decode_tok_s", "decode8_tok_s")
-    rows = [[names[a]] + [cell([r[m] for r in raw[a]]) for m in decode] for a in strata_arms + peer_arms]
-    for arm in strata_arms:
-        for peer in peer_arms:
-            ratios = [[x[m] / y[m] for x, y in zip(raw[arm], raw[peer])] for m in decode]
-            rows.append([f"{names[arm]} / {peer}"] + [f"{cell(r, '.2f')} (median {statistics.median(r):.2f})"
-                                                      for r in ratios])
-    return rows
 
 
 def main() -> None:
